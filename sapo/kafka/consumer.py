@@ -1,0 +1,277 @@
+"""The one consumer loop every service uses, and its confluent-kafka client.
+
+Delivery semantics (at-least-once):
+- Offsets are committed only for finished records. A record is finished when its handler returns
+  `DONE`, when it is rejected (header prefilter, invalid payload -> dead-letter), or later, when the
+  owner calls `finish()` for a record its handler `HELD` (a sampler's pooled group, a trainer's batch
+  awaiting its checkpoint). The committed position of a partition never passes its lowest unfinished
+  offset (`Watermarks`), so a crash re-delivers every unfinished record; idempotency keys
+  (group id, batch id) make the second delivery harmless.
+- librdkafka commits stored positions every auto.commit.interval.ms; on revoke the loop commits
+  synchronously before giving partitions up; on loss it commits nothing and drops the partitions'
+  state; on close it commits what is finished.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+from sapo.kafka.dlq import DeadLetters
+from sapo.kafka.metrics import TransportMetrics
+from sapo.kafka.records import (
+    AssignHook,
+    ConsumerClient,
+    OffsetPosition,
+    Record,
+    RevokeHook,
+    TopicPartition,
+    Watermarks,
+)
+from sapo.lifecycle import StopFlag
+from sapo.wire import InvalidMessageError
+
+log = logging.getLogger(__name__)
+
+CONSUMER_DEFAULTS = {
+    "enable.auto.commit": "true",
+    "enable.auto.offset.store": "false",
+    "auto.commit.interval.ms": "1000",
+    # Committed offsets are the source of truth; the embedded broker's high watermark is unreliable.
+    "auto.offset.reset": "earliest",
+}
+
+
+class TransportError(RuntimeError):
+    """A fatal client error: the service must stop (and be restarted) rather than carry on."""
+
+
+class KafkaConsumerClient:
+    """`ConsumerClient` over confluent-kafka's Consumer."""
+
+    def __init__(self, config: dict[str, str], group_id: str) -> None:
+        self._consumer = Consumer(CONSUMER_DEFAULTS | config | {"group.id": group_id})
+
+    def subscribe(
+        self, topics: Sequence[str], on_assign: AssignHook, on_revoke: RevokeHook, on_lost: RevokeHook
+    ) -> None:
+        def assigned(consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
+            starts = on_assign([(p.topic, p.partition) for p in partitions])
+            for p in partitions:
+                if (p.topic, p.partition) in starts:
+                    p.offset = starts[(p.topic, p.partition)]
+            consumer.assign(partitions)
+
+        def revoked(consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
+            on_revoke([(p.topic, p.partition) for p in partitions])
+            consumer.unassign()
+
+        def lost(consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
+            on_lost([(p.topic, p.partition) for p in partitions])
+            consumer.unassign()
+
+        self._consumer.subscribe(list(topics), on_assign=assigned, on_revoke=revoked, on_lost=lost)
+
+    def poll(self, timeout: float) -> Record | None:
+        msg = self._consumer.poll(timeout)
+        if msg is None:
+            return None
+        err = msg.error()
+        if err is not None:
+            if err.fatal():
+                raise TransportError(f"fatal consumer error: {err}")
+            if err.code() != KafkaError._PARTITION_EOF:
+                log.warning("consumer error (retried by the client): %s", err)
+            return None
+        raw_headers = msg.headers() or []
+        pairs = raw_headers.items() if isinstance(raw_headers, dict) else raw_headers
+        headers = {str(k): _as_bytes(v) or b"" for k, v in pairs}
+        return Record(
+            topic=str(msg.topic()),
+            partition=int(msg.partition() or 0),
+            offset=int(msg.offset() or 0),
+            key=_as_bytes(msg.key()),
+            value=_as_bytes(msg.value()),
+            headers=headers,
+            timestamp_ms=msg.timestamp()[1],
+        )
+
+    def store(self, positions: Sequence[OffsetPosition]) -> None:
+        if positions:
+            try:
+                self._consumer.store_offsets(offsets=[KafkaTopicPartition(t, p, o) for t, p, o in positions])
+            except KafkaException as exc:
+                # A partition revoked in between cannot be stored; its next owner re-reads it.
+                log.info("store_offsets skipped: %s", exc)
+
+    def commit(self) -> None:
+        try:
+            self._consumer.commit(asynchronous=False)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError._NO_OFFSET:
+                raise
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def _as_bytes(data: str | bytes | None) -> bytes | None:
+    return data.encode() if isinstance(data, str) else data
+
+
+class Disposition(enum.Enum):
+    DONE = "done"  # finished: the offset may be committed
+    HELD = "held"  # the owner finishes it later with ConsumerLoop.finish()
+
+
+Handler = Callable[[Record], Disposition]
+Prefilter = Callable[[Record], str | None]
+
+
+class ConsumerLoop:
+    """poll -> prefilter on headers -> handle -> store finished positions; see the module docstring."""
+
+    def __init__(
+        self,
+        client: ConsumerClient,
+        topics: Sequence[str],
+        handler: Handler,
+        *,
+        stop: StopFlag,
+        metrics: TransportMetrics,
+        dead_letters: DeadLetters | None = None,
+        prefilter: Prefilter | None = None,
+        stream_of: Callable[[str], str] = lambda topic: "input",
+        on_idle: Callable[[], None] | None = None,
+        on_assign: AssignHook | None = None,
+        on_revoke: RevokeHook | None = None,
+        poll_timeout_s: float = 1.0,
+    ) -> None:
+        self._client = client
+        self._topics = list(topics)
+        self._handler = handler
+        self._stop = stop
+        self._metrics = metrics
+        self._dead_letters = dead_letters
+        self._prefilter = prefilter
+        self._stream_of = stream_of
+        self._on_idle = on_idle
+        self._on_assign = on_assign
+        self._on_revoke = on_revoke
+        self._poll_timeout_s = poll_timeout_s
+        self.watermarks = Watermarks()
+        self.assigned: set[TopicPartition] = set()
+        self.last_poll_monotonic = time.monotonic()
+        self.handled = 0
+
+    def finish(self, record: Record) -> None:
+        """Mark a HELD record finished; its offset becomes committable once earlier ones are too."""
+        self.watermarks.finish(record.tp, record.offset)
+
+    def commit(self) -> None:
+        """Store and synchronously commit everything finished so far."""
+        self._client.store(self.watermarks.positions())
+        self._client.commit()
+
+    def run(
+        self,
+        *,
+        max_records: int | None = None,
+        until: Callable[[], bool] | None = None,
+        idle_timeout_s: float | None = None,
+        close: bool = True,
+    ) -> int:
+        """Consume until stopped, `max_records` were read, `until()` is true, or nothing arrived for
+        `idle_timeout_s`. Returns the number of records read. Closes the client unless close=False."""
+        self._client.subscribe(self._topics, self._assigned, self._revoked, self._lost)
+        read = 0
+        idle_since = time.monotonic()
+        try:
+            while not self._stop.is_set() and not (until is not None and until()):
+                if max_records is not None and read >= max_records:
+                    break
+                record = self._client.poll(self._poll_timeout_s)
+                self.last_poll_monotonic = time.monotonic()
+                if record is None:
+                    if self._on_idle is not None:
+                        self._on_idle()
+                    if idle_timeout_s is not None and time.monotonic() - idle_since > idle_timeout_s:
+                        break
+                else:
+                    idle_since = time.monotonic()
+                    read += 1
+                    self._dispatch(record)
+                self._store_if_moved()
+        finally:
+            if close:
+                self._close()
+        return read
+
+    def _dispatch(self, record: Record) -> None:
+        self._metrics.consumed.labels(self._stream_of(record.topic)).inc()
+        self.watermarks.seen(record.tp, record.offset)
+        reason = self._prefilter(record) if self._prefilter is not None else None
+        if reason is not None:
+            self._metrics.rejected.labels(reason).inc()
+            self.finish(record)
+            return
+        try:
+            disposition = self._handler(record)
+        except InvalidMessageError as exc:
+            self._reject(record, exc)
+            return
+        self.handled += 1
+        if disposition is Disposition.DONE:
+            self.finish(record)
+        self._metrics.pending.set(self.watermarks.pending_count())
+
+    def _reject(self, record: Record, exc: InvalidMessageError) -> None:
+        log.warning("rejected %s/%d/%d: %s", record.topic, record.partition, record.offset, exc)
+        self._metrics.rejected.labels(exc.reason).inc()
+        if self._dead_letters is not None:
+            self._dead_letters.send(record, exc.reason, exc.detail)
+        self.finish(record)
+
+    def _store_if_moved(self) -> None:
+        if self.watermarks.take_dirty():
+            self._client.store(self.watermarks.positions())
+
+    def _assigned(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        self.assigned.update(tps)
+        self._metrics.assigned_partitions.set(len(self.assigned))
+        log.info("assigned %s", tps)
+        return self._on_assign(tps) if self._on_assign is not None else {}
+
+    def _revoked(self, tps: list[TopicPartition]) -> None:
+        log.info("revoked %s: committing finished offsets", tps)
+        self._client.store(self.watermarks.positions())
+        self._client.commit()
+        self._forget(tps)
+
+    def _lost(self, tps: list[TopicPartition]) -> None:
+        log.warning("lost %s: their unfinished records will be re-delivered to the new owner", tps)
+        self._forget(tps)
+
+    def _forget(self, tps: list[TopicPartition]) -> None:
+        if self._on_revoke is not None:
+            self._on_revoke(tps)
+        self.watermarks.drop(tps)
+        self.assigned.difference_update(tps)
+        self._metrics.assigned_partitions.set(len(self.assigned))
+
+    def _close(self) -> None:
+        try:
+            self._client.store(self.watermarks.positions())
+        finally:
+            self._client.close()
+
+
+def consumer_config(base: dict[str, str], profile: dict[str, str], **extra: Any) -> dict[str, str]:
+    """Merge connection, timing profile and per-consumer properties into one librdkafka dict."""
+    return base | profile | {k.replace("_", "."): str(v) for k, v in extra.items()}

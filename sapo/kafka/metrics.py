@@ -1,0 +1,39 @@
+"""Transport metrics, declared once per service on an injected registry."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+
+class TransportMetrics:
+    """`sapo_<service>_messages_*`: what the consumer loop and producer did, by bounded labels."""
+
+    def __init__(self, registry: CollectorRegistry, service: str) -> None:
+        p = f"sapo_{service}"
+        self.consumed = Counter(
+            f"{p}_messages_consumed_total",
+            "Messages read from Kafka, by stream.",
+            ["stream"],
+            registry=registry,
+        )
+        self.rejected = Counter(
+            f"{p}_messages_rejected_total", "Messages skipped, by reason.", ["reason"], registry=registry
+        )
+        self.dead_lettered = Counter(
+            f"{p}_messages_dead_lettered_total",
+            "Messages sent to the dead-letter topic, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self.produced = Counter(
+            f"{p}_messages_produced_total", "Messages acknowledged by the broker.", registry=registry
+        )
+        self.produce_errors = Counter(
+            f"{p}_produce_errors_total", "Messages the broker did not acknowledge.", registry=registry
+        )
+        self.pending = Gauge(
+            f"{p}_messages_pending", "Consumed messages not yet finished (uncommittable).", registry=registry
+        )
+        self.assigned_partitions = Gauge(
+            f"{p}_assigned_partitions", "Partitions currently assigned to this consumer.", registry=registry
+        )

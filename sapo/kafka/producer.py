@@ -1,0 +1,113 @@
+"""Kafka producer the standard confluent-kafka way.
+
+Delivery callback per message, `poll(0)` after each send to serve callbacks, a full local queue
+(`BufferError`) treated as backpressure (serve callbacks, retry, give up after a bound), and a
+bounded flush on close. Idempotence and acks=all keep retries from duplicating or losing messages.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from confluent_kafka import KafkaError, Message
+from confluent_kafka import Producer as _Producer
+
+from sapo.kafka.metrics import TransportMetrics
+from sapo.kafka.records import Header
+
+log = logging.getLogger(__name__)
+
+PRODUCER_DEFAULTS = {
+    "enable.idempotence": "true",
+    "acks": "all",
+    "linger.ms": "5",
+    "message.timeout.ms": "60000",
+}
+
+
+class DeliveryError(RuntimeError):
+    """The broker did not acknowledge a message that the caller waited for."""
+
+
+class BackpressureTimeoutError(RuntimeError):
+    """The local queue stayed full for longer than the bound: the broker is not keeping up."""
+
+
+class KafkaPublisher:
+    """A `Publisher` over librdkafka."""
+
+    def __init__(
+        self,
+        config: dict[str, str],
+        metrics: TransportMetrics | None = None,
+        queue_full_timeout_s: float = 30.0,
+    ) -> None:
+        self._producer = _Producer(PRODUCER_DEFAULTS | config)
+        self._metrics = metrics
+        self._queue_full_timeout_s = queue_full_timeout_s
+        self.errors = 0
+
+    def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        if err is not None:
+            self.errors += 1
+            if self._metrics:
+                self._metrics.produce_errors.inc()
+            log.error("delivery to %s failed: %s", msg.topic(), err)
+        elif self._metrics:
+            self._metrics.produced.inc()
+
+    def _produce(
+        self, topic: str, key: bytes | None, value: bytes, headers: Sequence[Header], cb: Any
+    ) -> None:
+        deadline = time.monotonic() + self._queue_full_timeout_s
+        while True:
+            try:
+                self._producer.produce(topic, value=value, key=key, headers=list(headers), on_delivery=cb)
+                break
+            except BufferError:
+                if time.monotonic() > deadline:
+                    raise BackpressureTimeoutError(
+                        f"producer queue full for {self._queue_full_timeout_s}s sending to {topic}"
+                    ) from None
+                self._producer.poll(0.1)
+        self._producer.poll(0)
+
+    def send(self, topic: str, key: bytes | None, value: bytes, headers: Sequence[Header] = ()) -> None:
+        self._produce(topic, key, value, headers, self._on_delivery)
+
+    def send_sync(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes,
+        headers: Sequence[Header] = (),
+        timeout_s: float = 30.0,
+    ) -> tuple[int, int]:
+        result: list[tuple[KafkaError | None, Message]] = []
+
+        def on_delivery(err: KafkaError | None, msg: Message) -> None:
+            self._on_delivery(err, msg)
+            result.append((err, msg))
+
+        self._produce(topic, key, value, headers, on_delivery)
+        deadline = time.monotonic() + timeout_s
+        while not result and time.monotonic() < deadline:
+            self._producer.poll(0.05)
+        if not result:
+            raise DeliveryError(f"no acknowledgement from {topic} within {timeout_s}s")
+        err, msg = result[0]
+        if err is not None:
+            raise DeliveryError(f"delivery to {topic} failed: {err}")
+        return int(msg.partition() or 0), int(msg.offset() or 0)
+
+    def poll(self, timeout_s: float = 0.0) -> None:
+        self._producer.poll(timeout_s)
+
+    def flush(self, timeout_s: float) -> int:
+        remaining = int(self._producer.flush(timeout_s))
+        if remaining:
+            log.warning("%d messages still undelivered after %.1fs flush", remaining, timeout_s)
+        return remaining

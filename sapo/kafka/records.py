@@ -1,0 +1,126 @@
+"""Transport-neutral records, the consumer-client interface, and per-partition offset watermarks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+TopicPartition = tuple[str, int]
+# (topic, partition, next offset to read): what a consumer group commits.
+OffsetPosition = tuple[str, int, int]
+Header = tuple[str, bytes]
+
+
+@dataclass(frozen=True)
+class Record:
+    """One consumed message, decoupled from the client library."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: dict[str, bytes] = field(default_factory=dict)
+    timestamp_ms: int = 0
+
+    @property
+    def tp(self) -> TopicPartition:
+        return (self.topic, self.partition)
+
+
+AssignHook = Callable[[list[TopicPartition]], dict[TopicPartition, int]]
+RevokeHook = Callable[[list[TopicPartition]], None]
+
+
+class ConsumerClient(Protocol):
+    """What the consumer loop needs from a client: Kafka in production, memory in unit tests."""
+
+    def subscribe(
+        self, topics: Sequence[str], on_assign: AssignHook, on_revoke: RevokeHook, on_lost: RevokeHook
+    ) -> None:
+        """Join the group; on_assign returns explicit start offsets for some partitions (may be empty)."""
+
+    def poll(self, timeout: float) -> Record | None:
+        """The next record, or None when none arrived within timeout."""
+
+    def store(self, positions: Sequence[OffsetPosition]) -> None:
+        """Mark positions as safe to commit (committed by the client's periodic commit or commit())."""
+
+    def commit(self) -> None:
+        """Synchronously commit stored positions."""
+
+    def close(self) -> None:
+        """Leave the group and release resources (stored positions are committed first)."""
+
+
+class Publisher(Protocol):
+    """What services need from a producer."""
+
+    def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes,
+        headers: Sequence[Header] = (),
+    ) -> None:
+        """Queue a message; delivery failures surface through the producer's error accounting."""
+
+    def send_sync(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes,
+        headers: Sequence[Header] = (),
+        timeout_s: float = 30.0,
+    ) -> tuple[int, int]:
+        """Send and wait for the broker's acknowledgement; returns (partition, offset)."""
+
+    def flush(self, timeout_s: float) -> int:
+        """Wait for queued messages; returns how many are still undelivered."""
+
+
+class Watermarks:
+    """Tracks offsets that are read but not yet finished, per partition.
+
+    The committable position of a partition is its lowest unfinished offset, or one past the highest
+    offset seen when all are finished. Committing that position and no further is what makes
+    at-least-once hold when records finish out of order (a sampler holds groups in its pool while
+    later ones are already in an emitted batch).
+    """
+
+    def __init__(self) -> None:
+        self._pending: dict[TopicPartition, set[int]] = {}
+        self._next: dict[TopicPartition, int] = {}
+        self._dirty = False
+
+    def seen(self, tp: TopicPartition, offset: int) -> None:
+        self._pending.setdefault(tp, set()).add(offset)
+        self._next[tp] = max(self._next.get(tp, 0), offset + 1)
+
+    def finish(self, tp: TopicPartition, offset: int) -> None:
+        pending = self._pending.get(tp)
+        if pending is not None and offset in pending:
+            pending.discard(offset)
+            self._dirty = True
+
+    def drop(self, tps: Iterable[TopicPartition]) -> None:
+        """Forget partitions that were revoked or lost; their next owner re-reads from the commit."""
+        for tp in tps:
+            self._pending.pop(tp, None)
+            self._next.pop(tp, None)
+
+    def pending_count(self) -> int:
+        return sum(len(p) for p in self._pending.values())
+
+    def positions(self) -> list[OffsetPosition]:
+        return [
+            (tp[0], tp[1], min(pending) if pending else self._next[tp])
+            for tp, pending in self._pending.items()
+            if tp in self._next
+        ]
+
+    def take_dirty(self) -> bool:
+        """True once after any finish(); lets the loop store positions only when they moved."""
+        dirty, self._dirty = self._dirty, False
+        return dirty

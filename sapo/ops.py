@@ -1,0 +1,136 @@
+"""One small HTTP server per service: /metrics, /healthz, /readyz; plus structured logging.
+
+/healthz answers 200 while the service's main loop keeps beating (a wedged loop turns it 503 so the
+kubelet restarts the pod). /readyz answers 200 only when every named condition holds (model loaded,
+partitions assigned, broker reachable, ...) and lists the failing ones otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from sapo.settings import LogFormat
+
+
+class Health:
+    """Liveness from a heartbeat, readiness from named conditions; both thread-safe."""
+
+    def __init__(self, max_silence_s: float = 60.0) -> None:
+        self._max_silence_s = max_silence_s
+        self._beat = time.monotonic()
+        self._conditions: dict[str, bool] = {}
+        self._lock = threading.Lock()
+
+    def beat(self) -> None:
+        self._beat = time.monotonic()
+
+    def set_max_silence(self, seconds: float) -> None:
+        """Loops that block on long work (a training step) widen the liveness window before it."""
+        self._max_silence_s = seconds
+
+    def alive(self) -> bool:
+        return time.monotonic() - self._beat <= self._max_silence_s
+
+    def require(self, *names: str) -> None:
+        """Declare conditions that start false; readiness waits for all of them."""
+        with self._lock:
+            for name in names:
+                self._conditions.setdefault(name, False)
+
+    def set(self, name: str, ok: bool) -> None:
+        with self._lock:
+            self._conditions[name] = ok
+
+    def failing(self) -> list[str]:
+        with self._lock:
+            return sorted(name for name, ok in self._conditions.items() if not ok)
+
+
+class OpsServer:
+    """Serves the three endpoints from a daemon thread; `port` is the bound port (0 picks one)."""
+
+    def __init__(
+        self, registry: CollectorRegistry, health: Health, host: str = "0.0.0.0", port: int = 8080
+    ) -> None:
+        handler = _make_handler(registry, health)
+        self._server = ThreadingHTTPServer((host, port), handler)
+        self._server.daemon_threads = True
+        self.port = int(self._server.server_address[1])
+        self._thread = threading.Thread(target=self._server.serve_forever, name="ops-http", daemon=True)
+
+    def start(self) -> OpsServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def _make_handler(registry: CollectorRegistry, health: Health) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                self._reply(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+            elif path == "/healthz":
+                ok = health.alive()
+                self._reply(200 if ok else 503, b"ok\n" if ok else b"main loop stalled\n")
+            elif path == "/readyz":
+                failing = health.failing()
+                body = ("ready\n" if not failing else "not ready: " + ", ".join(failing) + "\n").encode()
+                self._reply(503 if failing else 200, body)
+            else:
+                self._reply(404, b"not found\n")
+
+        def _reply(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            # Probes every few seconds would drown the service's own log.
+            return
+
+    return Handler
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line with the service and node attached, for log pipelines."""
+
+    def __init__(self, service: str, node_id: str) -> None:
+        super().__init__()
+        self._static = {"service": service, "node": node_id}
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+            **self._static,
+        }
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def configure_logging(level: str, fmt: LogFormat, service: str, node_id: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt is LogFormat.JSON:
+        handler.setFormatter(JsonFormatter(service, node_id))
+    else:
+        handler.setFormatter(logging.Formatter(f"%(asctime)s {service}[{node_id}] %(levelname)s %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)

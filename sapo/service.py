@@ -1,0 +1,89 @@
+"""What every service process sets up before its own loop, and tears down in reverse order after it.
+
+Order on start: logging -> resolved config logged (secrets masked) -> registry and metrics -> ops
+server -> signal handlers -> producers. Order on stop (SIGTERM sets the stop flag; the loop finishes
+its unit and commits): flush producers (bounded) -> stop the ops server.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry
+
+from sapo.kafka import DeadLetters, KafkaConsumerClient, KafkaPublisher, TransportMetrics
+from sapo.lifecycle import StopFlag, install_signal_handlers
+from sapo.ops import Health, OpsServer, configure_logging
+from sapo.settings import ServiceSettings, describe
+from sapo.topics import TopicNames
+
+log = logging.getLogger(__name__)
+FLUSH_TIMEOUT_S = 10.0
+
+
+@dataclass
+class Runtime:
+    """The shared plumbing of one service process."""
+
+    service: str
+    settings: ServiceSettings
+    topics: TopicNames
+    registry: CollectorRegistry
+    health: Health
+    stop: StopFlag
+    transport: TransportMetrics
+    publisher: KafkaPublisher
+    swarm_publisher: KafkaPublisher
+    dead_letters: DeadLetters
+    ops: OpsServer
+
+    def consumer(self, role: str, *, swarm: bool = False, per_process: bool = False) -> KafkaConsumerClient:
+        """A consumer in group `<prefix>.<node>.<role>`; per_process gives each replica its own group
+        (for streams every replica must see whole, such as the policy topic)."""
+        conn = self.settings.swarm_connection if swarm else self.settings.kafka
+        group = f"{self.settings.topic_prefix}.{self.settings.node_id}.{role}"
+        if per_process:
+            group += f".{uuid.uuid4().hex[:12]}"
+        config = conn.to_librdkafka() | self.settings.consumer.to_librdkafka()
+        return KafkaConsumerClient(config, group)
+
+    def close(self) -> None:
+        self.publisher.flush(FLUSH_TIMEOUT_S)
+        if self.swarm_publisher is not self.publisher:
+            self.swarm_publisher.flush(FLUSH_TIMEOUT_S)
+        self.ops.stop()
+
+
+def start_runtime(service: str, settings: ServiceSettings, *, install_signals: bool = True) -> Runtime:
+    configure_logging(settings.log_level, settings.log_format, service, settings.node_id)
+    log.info("starting %s with %s", service, describe(settings))
+    registry = CollectorRegistry()
+    health = Health()
+    transport = TransportMetrics(registry, service)
+    stop = StopFlag()
+    if install_signals:
+        install_signal_handlers(stop)
+    ops = OpsServer(registry, health, settings.http_host, settings.http_port).start()
+    log.info("ops server on :%d (/metrics /healthz /readyz)", ops.port)
+    publisher = KafkaPublisher(settings.kafka.to_librdkafka(), transport)
+    swarm_publisher = (
+        publisher
+        if settings.swarm_kafka is None
+        else KafkaPublisher(settings.swarm_connection.to_librdkafka(), transport)
+    )
+    topics = TopicNames.for_node(settings.node_id, settings.topic_prefix)
+    return Runtime(
+        service=service,
+        settings=settings,
+        topics=topics,
+        registry=registry,
+        health=health,
+        stop=stop,
+        transport=transport,
+        publisher=publisher,
+        swarm_publisher=swarm_publisher,
+        dead_letters=DeadLetters(publisher, topics.dlq, service, transport),
+        ops=ops,
+    )

@@ -1,0 +1,174 @@
+"""Typed, frozen settings shared by every service.
+
+Each service subclasses `ServiceSettings` with its own env prefix (`SAPO_GENERATOR_`, ...). Nested
+models use `__` in env names: `SAPO_SAMPLER_KAFKA__BOOTSTRAP_SERVERS=broker:9092`. Kafka settings
+stay a typed model until the edge, where `KafkaConnection.to_librdkafka()` turns them into the
+librdkafka dict; secrets are `SecretStr` so the resolved config can be logged.
+"""
+
+from __future__ import annotations
+
+import logging
+from enum import StrEnum
+from typing import Any, Self, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from sapo.topics import NODE_ID_PATTERN
+
+log = logging.getLogger(__name__)
+
+
+class ConfigError(SystemExit):
+    """Raised at start when configuration is invalid; the message says what to set."""
+
+
+class SecurityProtocol(StrEnum):
+    PLAINTEXT = "PLAINTEXT"
+    SSL = "SSL"
+    SASL_PLAINTEXT = "SASL_PLAINTEXT"
+    SASL_SSL = "SASL_SSL"
+
+
+class KafkaConnection(BaseModel):
+    """How to reach one Kafka cluster (the node's own, or the swarm's)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    bootstrap_servers: str = Field(
+        "127.0.0.1:9092", min_length=1, description="Comma-separated host:port list of the brokers."
+    )
+    security_protocol: SecurityProtocol = Field(SecurityProtocol.PLAINTEXT, description="Transport security.")
+    sasl_mechanism: str | None = Field(
+        None, description="PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER."
+    )
+    sasl_username: str | None = Field(None, description="SASL user name.")
+    sasl_password: SecretStr | None = Field(None, description="SASL password (masked in logs).")
+    ssl_ca_location: str | None = Field(None, description="Path of the CA bundle that signed the brokers.")
+    ssl_certificate_location: str | None = Field(None, description="Client certificate for mutual TLS.")
+    ssl_key_location: str | None = Field(None, description="Client private key for mutual TLS.")
+    ssl_key_password: SecretStr | None = Field(None, description="Password of the client key (masked).")
+    client_id: str = Field("sapo-swarm", description="client.id reported to the brokers.")
+    extra: dict[str, str] = Field(
+        default_factory=dict, description="Additional librdkafka properties, passed through unchanged."
+    )
+
+    @model_validator(mode="after")
+    def _check_security(self) -> Self:
+        uses_sasl = self.security_protocol in (SecurityProtocol.SASL_PLAINTEXT, SecurityProtocol.SASL_SSL)
+        if uses_sasl and not self.sasl_mechanism:
+            raise ValueError(
+                f"security_protocol={self.security_protocol} needs sasl_mechanism; set KAFKA__SASL_MECHANISM"
+            )
+        if self.sasl_mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512") and not (
+            self.sasl_username and self.sasl_password
+        ):
+            raise ValueError(
+                f"sasl_mechanism={self.sasl_mechanism} needs KAFKA__SASL_USERNAME and KAFKA__SASL_PASSWORD"
+            )
+        return self
+
+    def to_librdkafka(self) -> dict[str, str]:
+        """The librdkafka property dict; the only place secrets are unwrapped."""
+        conf = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "security.protocol": self.security_protocol.value,
+            "client.id": self.client_id,
+        }
+        optional: dict[str, str | SecretStr | None] = {
+            "sasl.mechanism": self.sasl_mechanism,
+            "sasl.username": self.sasl_username,
+            "sasl.password": self.sasl_password,
+            "ssl.ca.location": self.ssl_ca_location,
+            "ssl.certificate.location": self.ssl_certificate_location,
+            "ssl.key.location": self.ssl_key_location,
+            "ssl.key.password": self.ssl_key_password,
+        }
+        for key, value in optional.items():
+            if value is not None:
+                conf[key] = value.get_secret_value() if isinstance(value, SecretStr) else value
+        return conf | self.extra
+
+
+class ConsumerProfile(BaseModel):
+    """Consumer timing knobs. Defaults suit Apache Kafka; `local()` gives the embedded broker's values."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    session_timeout_ms: int = Field(45000, ge=1000, le=3_600_000, description="Group session timeout.")
+    heartbeat_interval_ms: int = Field(3000, ge=100, le=600_000, description="Group heartbeat interval.")
+    fetch_wait_max_ms: int = Field(500, ge=1, le=60_000, description="Longest a fetch waits for data.")
+    max_poll_interval_ms: int = Field(
+        900_000, ge=10_000, le=86_400_000, description="Longest gap between polls (covers a training step)."
+    )
+
+    @classmethod
+    def local(cls) -> ConsumerProfile:
+        """The embedded tansu broker: each group join takes session.timeout/2 and fetches are never
+        woken early (DESIGN §7), so short timeouts keep tests and local swarms responsive."""
+        return cls(session_timeout_ms=6000, heartbeat_interval_ms=1000, fetch_wait_max_ms=50)
+
+    def to_librdkafka(self) -> dict[str, str]:
+        return {
+            "session.timeout.ms": str(self.session_timeout_ms),
+            "heartbeat.interval.ms": str(self.heartbeat_interval_ms),
+            "fetch.wait.max.ms": str(self.fetch_wait_max_ms),
+            "max.poll.interval.ms": str(self.max_poll_interval_ms),
+        }
+
+
+class LogFormat(StrEnum):
+    JSON = "json"
+    TEXT = "text"
+
+
+class ServiceSettings(BaseSettings):
+    """Settings every service has. Subclasses set `model_config` with their own env prefix."""
+
+    model_config = SettingsConfigDict(frozen=True, extra="forbid", env_nested_delimiter="__")
+
+    node_id: str = Field(..., pattern=NODE_ID_PATTERN, description="This node's id (lowercase, digits, '-').")
+    kafka: KafkaConnection = Field(default_factory=KafkaConnection, description="The node's own cluster.")
+    swarm_kafka: KafkaConnection | None = Field(
+        None, description="Cluster of the swarm topic; unset = the node's own cluster."
+    )
+    consumer: ConsumerProfile = Field(default_factory=ConsumerProfile, description="Consumer timing.")
+    topic_prefix: str = Field("sapo", pattern=r"^[A-Za-z0-9._-]{1,64}$", description="Prefix of topic names.")
+    http_host: str = Field("0.0.0.0", description="Address of the /metrics /healthz /readyz server.")
+    http_port: int = Field(8080, ge=0, le=65535, description="Port of that server; 0 = pick a free one.")
+    log_level: str = Field("INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$", description="Log level.")
+    log_format: LogFormat = Field(LogFormat.JSON, description="json for clusters, text for terminals.")
+    max_message_bytes: int = Field(
+        8 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024, description="Larger payloads are dead-lettered."
+    )
+    signing_key: SecretStr | None = Field(
+        None,
+        description="Shared HMAC key of the swarm; when set, unsigned or mis-signed groups are rejected.",
+    )
+
+    @property
+    def swarm_connection(self) -> KafkaConnection:
+        return self.swarm_kafka or self.kafka
+
+
+S = TypeVar("S", bound=ServiceSettings)
+
+
+def load_settings(cls: type[S], **overrides: Any) -> S:
+    """Build settings from the environment (and overrides), or exit with every problem and what to set."""
+    try:
+        return cls(**overrides)
+    except ValidationError as exc:
+        prefix = str(cls.model_config.get("env_prefix", ""))
+        lines = [f"invalid configuration for {cls.__name__}:"]
+        for err in exc.errors():
+            path = "__".join(str(p) for p in err["loc"]).upper()
+            env = f"{prefix}{path}" if path else prefix + "*"
+            lines.append(f"  {env}: {err['msg']} (got {err.get('input')!r})")
+        raise ConfigError("\n".join(lines)) from None
+
+
+def describe(settings: BaseSettings) -> dict[str, Any]:
+    """The resolved configuration with secrets masked, for the start-up log line."""
+    return settings.model_dump(mode="json")

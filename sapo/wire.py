@@ -1,0 +1,163 @@
+"""The wire contract at the edge: header names, signing, bounded decoding and structural validation.
+
+Filters that only need routing facts (producing node, task, schema version) read headers, so a
+sampler can drop most of the swarm's traffic without parsing protobuf. Decoding is bounded by size
+and every failure becomes an `InvalidMessageError` with a short, metric-safe reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import uuid
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import TypeVar
+
+from google.protobuf.message import DecodeError, Message
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from sapo.v1 import batch_pb2, policy_pb2, rollout_pb2
+
+SCHEMA_VERSION = 1
+
+H_NODE = "sapo-node-id"
+H_TASK = "sapo-task"
+H_SCHEMA = "sapo-schema-version"
+H_TYPE = "sapo-type"
+H_SIGNATURE = "sapo-signature"
+
+Headers = Mapping[str, bytes]
+M = TypeVar("M", bound=Message)
+
+
+class InvalidMessageError(ValueError):
+    """A payload that cannot be used; `reason` is a bounded label for metrics and the DLQ."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+def sign(value: bytes, key: bytes) -> str:
+    """HMAC-SHA256 of the payload, hex; proves the group came from a holder of the swarm key."""
+    return hmac.new(key, value, hashlib.sha256).hexdigest()
+
+
+def message_headers(
+    msg_type: str, node_id: str, value: bytes, task: str = "", key: bytes | None = None
+) -> list[tuple[str, bytes]]:
+    headers = [
+        (H_TYPE, msg_type.encode()),
+        (H_NODE, node_id.encode()),
+        (H_SCHEMA, str(SCHEMA_VERSION).encode()),
+    ]
+    if task:
+        headers.append((H_TASK, task.encode()))
+    if key is not None:
+        headers.append((H_SIGNATURE, sign(value, key).encode()))
+    return headers
+
+
+def rollout_headers(
+    group: rollout_pb2.RolloutGroup, value: bytes, key: bytes | None = None
+) -> list[tuple[str, bytes]]:
+    return message_headers("RolloutGroup", group.node_id, value, group.question.task, key)
+
+
+def header_str(headers: Headers, name: str) -> str:
+    raw = headers.get(name)
+    return raw.decode("utf-8", "replace") if raw is not None else ""
+
+
+def check_signature(headers: Headers, value: bytes, key: bytes) -> str | None:
+    """None when the signature is valid, else a rejection reason."""
+    got = header_str(headers, H_SIGNATURE)
+    if not got:
+        return "unsigned"
+    return None if hmac.compare_digest(got, sign(value, key)) else "bad_signature"
+
+
+def decode(cls: type[M], value: bytes | None, max_bytes: int) -> M:
+    """Parse a payload of a known type; size is checked first so a huge value is never parsed."""
+    if value is None:
+        raise InvalidMessageError("empty_payload")
+    if len(value) > max_bytes:
+        raise InvalidMessageError("oversized", f"{len(value)} bytes > {max_bytes}")
+    msg = cls()
+    try:
+        msg.ParseFromString(value)
+    except DecodeError as exc:
+        raise InvalidMessageError("undecodable", str(exc)) from None
+    schema = getattr(msg, "schema_version", SCHEMA_VERSION)
+    if schema != SCHEMA_VERSION:
+        raise InvalidMessageError("schema_version", f"{schema} != {SCHEMA_VERSION}")
+    return msg
+
+
+def validate_rollout_group(group: rollout_pb2.RolloutGroup) -> str | None:
+    """Structural checks every consumer of a group relies on; None when valid, else a reason."""
+    problem: str | None = None
+    try:
+        uuid.UUID(group.group_id)
+    except ValueError:
+        problem = "bad_group_id"
+    if problem is None and not group.node_id:
+        problem = "missing_node_id"
+    elif problem is None and not (
+        group.question.task and group.question.text and group.question.provenance.dataset
+    ):
+        problem = "missing_question"
+    elif problem is None and not group.completions:
+        problem = "no_completions"
+    if problem is None:
+        problem = _validate_completions(group)
+    return problem
+
+
+def _validate_completions(group: rollout_pb2.RolloutGroup) -> str | None:
+    for comp in group.completions:
+        if comp.finish_reason == rollout_pb2.FINISH_REASON_UNSPECIFIED:
+            return "missing_finish_reason"
+        if comp.logprobs and len(comp.logprobs) != len(comp.token_ids):
+            return "logprob_length_mismatch"
+        if any(not math.isfinite(lp) for lp in comp.logprobs):
+            return "nonfinite_logprob"
+    return None
+
+
+def validate_batch(batch: batch_pb2.TrainingBatch) -> str | None:
+    """Structural checks the trainer relies on; None when valid, else a reason."""
+    if not batch.batch_id or not batch.groups:
+        return "empty_batch"
+    for bg in batch.groups:
+        if bg.source == batch_pb2.GROUP_SOURCE_UNSPECIFIED:
+            return "missing_source"
+        n = len(bg.group.completions)
+        if len(bg.rewards) != n or len(bg.advantages) != n:
+            return "reward_length_mismatch"
+        if any(not math.isfinite(x) for x in (*bg.rewards, *bg.advantages)):
+            return "nonfinite_advantage"
+    return None
+
+
+def validate_policy_update(update: policy_pb2.PolicyUpdate) -> str | None:
+    if not update.node_id or not update.manifest_uri or len(update.manifest_sha256) != 64:
+        return "incomplete_policy_update"
+    return None
+
+
+def now_timestamp() -> Timestamp:
+    ts = Timestamp()
+    ts.FromDatetime(datetime.now(UTC))
+    return ts
+
+
+def age_seconds(ts: Timestamp, now: datetime | None = None) -> float:
+    """Seconds since ts; an unset timestamp counts as infinitely old."""
+    if ts.seconds == 0 and ts.nanos == 0:
+        return math.inf
+    ref = now or datetime.now(UTC)
+    return (ref - ts.ToDatetime(tzinfo=UTC)).total_seconds()

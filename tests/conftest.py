@@ -1,0 +1,43 @@
+"""Shared fixtures: one Kafka per test session, a unique topic prefix per test.
+
+Set SAPO_TEST_KAFKA_BOOTSTRAP=host:port to run the integration tests against an existing Kafka (for
+example a real Apache Kafka, to check that nothing depends on tansu's quirks); otherwise one embedded
+tansu broker is started for the session. Tests never share topics, so they can also share a cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from sapo.broker import EmbeddedBroker
+
+BOOTSTRAP_ENV = "SAPO_TEST_KAFKA_BOOTSTRAP"
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    """bootstrap.servers of the session's Kafka: $SAPO_TEST_KAFKA_BOOTSTRAP or an embedded broker."""
+    existing = os.environ.get(BOOTSTRAP_ENV)
+    if existing:
+        yield existing
+        return
+    with EmbeddedBroker() as broker:
+        yield broker.bootstrap
+
+
+@pytest.fixture
+def topic_prefix(request: pytest.FixtureRequest) -> str:
+    """A topic prefix no other test uses: readable test name plus a random suffix."""
+    name = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40]
+    return f"test.{name}.{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def kafka_client_config(kafka_bootstrap: str) -> dict[str, str]:
+    """Base librdkafka config for tests; consumers add `sapo.settings.ConsumerProfile.local()` on top."""
+    return {"bootstrap.servers": kafka_bootstrap}

@@ -1,0 +1,55 @@
+"""Small helpers for integration tests against the real broker."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+
+from sapo.kafka import (
+    ConsumerLoop,
+    DeadLetters,
+    Handler,
+    KafkaConsumerClient,
+    KafkaPublisher,
+    TransportMetrics,
+)
+from sapo.kafka.consumer import Prefilter
+from sapo.lifecycle import StopFlag
+from sapo.settings import ConsumerProfile
+from sapo.topics import TopicSpec, ensure_topics
+
+
+def create_topics(bootstrap: str, *names: str) -> None:
+    ensure_topics({"bootstrap.servers": bootstrap}, [TopicSpec(n) for n in names], timeout_s=30)
+
+
+def consumer(bootstrap: str, group: str) -> KafkaConsumerClient:
+    return KafkaConsumerClient(
+        {"bootstrap.servers": bootstrap} | ConsumerProfile.local().to_librdkafka(), group
+    )
+
+
+def make_loop(
+    bootstrap: str,
+    group: str,
+    topics: list[str],
+    handler: Handler,
+    *,
+    service: str = "test",
+    dlq_topic: str | None = None,
+    prefilter: Prefilter | None = None,
+) -> tuple[ConsumerLoop, CollectorRegistry, KafkaPublisher]:
+    registry = CollectorRegistry()
+    metrics = TransportMetrics(registry, service)
+    publisher = KafkaPublisher({"bootstrap.servers": bootstrap}, metrics)
+    dead = DeadLetters(publisher, dlq_topic, service, metrics) if dlq_topic else None
+    loop = ConsumerLoop(
+        consumer(bootstrap, group),
+        topics,
+        handler,
+        stop=StopFlag(),
+        metrics=metrics,
+        dead_letters=dead,
+        prefilter=prefilter,
+        poll_timeout_s=0.2,
+    )
+    return loop, registry, publisher

@@ -1,0 +1,170 @@
+"""The consumer loop's delivery rules, driven for real over the in-memory transport."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from sapo.kafka import ConsumerLoop, DeadLetters, Disposition, Record, TransportMetrics, Watermarks
+from sapo.kafka.memory import MemoryBus, MemoryConsumerClient, MemoryPublisher
+from sapo.lifecycle import StopFlag
+from sapo.v1 import rollout_pb2
+from sapo.wire import InvalidMessageError, decode
+from tests.factories import make_group
+
+pytestmark = pytest.mark.unit
+
+
+def _loop(
+    bus: MemoryBus, handler: object, group: str = "g", **kwargs: object
+) -> tuple[ConsumerLoop, CollectorRegistry]:
+    registry = CollectorRegistry()
+    metrics = TransportMetrics(registry, "test")
+    dlq = DeadLetters(MemoryPublisher(bus), "dlq", "test", metrics)
+    loop = ConsumerLoop(
+        MemoryConsumerClient(bus, group),
+        ["in"],
+        handler,  # type: ignore[arg-type]
+        stop=StopFlag(),
+        metrics=metrics,
+        dead_letters=dlq,
+        poll_timeout_s=0.0,
+        **kwargs,  # type: ignore[arg-type]
+    )
+    return loop, registry
+
+
+def test_watermark_never_passes_lowest_unfinished() -> None:
+    marks = Watermarks()
+    for offset in (5, 6, 7):
+        marks.seen(("t", 0), offset)
+    marks.finish(("t", 0), 6)
+    marks.finish(("t", 0), 7)
+    assert marks.positions() == [("t", 0, 5)]
+    marks.finish(("t", 0), 5)
+    assert marks.positions() == [("t", 0, 8)]
+
+
+def test_done_records_are_committed_and_not_redelivered() -> None:
+    bus = MemoryBus()
+    for i in range(3):
+        bus.append("in", None, b"%d" % i, [])
+    seen: list[bytes] = []
+
+    def handle(record: Record) -> Disposition:
+        seen.append(record.value or b"")
+        return Disposition.DONE
+
+    loop, _ = _loop(bus, handle)
+    assert loop.run(idle_timeout_s=0.0) == 3
+    assert bus.committed[("g", ("in", 0))] == 3
+    again, _ = _loop(bus, handle)
+    assert again.run(idle_timeout_s=0.0) == 0
+
+
+def test_held_records_are_redelivered_after_a_crash() -> None:
+    bus = MemoryBus()
+    for i in range(4):
+        bus.append("in", None, b"%d" % i, [])
+    held: list[Record] = []
+
+    def hold(record: Record) -> Disposition:
+        held.append(record)
+        return Disposition.HELD
+
+    loop, _ = _loop(bus, hold)
+    loop.run(idle_timeout_s=0.0, close=False)
+    loop.finish(held[0])
+    loop.finish(held[2])  # out of order: the commit must stop before offset 1
+    loop.commit()
+    assert bus.committed[("g", ("in", 0))] == 1
+
+    redelivered: list[bytes] = []
+
+    def collect(record: Record) -> Disposition:
+        redelivered.append(record.value or b"")
+        return Disposition.DONE
+
+    again, _ = _loop(bus, collect)
+    again.run(idle_timeout_s=0.0)
+    assert redelivered == [b"1", b"2", b"3"]
+
+
+def test_invalid_payload_is_dead_lettered_counted_and_skipped() -> None:
+    bus = MemoryBus()
+    bus.append("in", b"k1", b"\xff\xff", [("sapo-node-id", b"n1")])
+    good = make_group()
+    bus.append("in", b"k2", good.SerializeToString(), [])
+    bus.append("in", b"k3", b"", [])
+    decoded: list[str] = []
+
+    def handle(record: Record) -> Disposition:
+        decoded.append(decode(rollout_pb2.RolloutGroup, record.value, 1 << 20).group_id)
+        return Disposition.DONE
+
+    loop, registry = _loop(bus, handle)
+    loop.run(idle_timeout_s=0.0)
+    assert decoded == [good.group_id]
+    dlq = bus.topics["dlq"]
+    assert [r.value for r in dlq] == [b"\xff\xff", b""]
+    assert dlq[0].key == b"k1"
+    assert dlq[0].headers["sapo-dlq-reason"] == b"undecodable"
+    assert dlq[0].headers["sapo-node-id"] == b"n1"
+    assert registry.get_sample_value("sapo_test_messages_dead_lettered_total", {"reason": "undecodable"}) == 1
+    # An empty value parses as an all-defaults message, caught by its schema version.
+    assert dlq[1].headers["sapo-dlq-reason"] == b"schema_version"
+    assert bus.committed[("g", ("in", 0))] == 3
+
+
+def test_prefilter_drops_without_calling_the_handler() -> None:
+    bus = MemoryBus()
+    bus.append("in", None, b"\xff", [("sapo-node-id", b"me")])
+    bus.append("in", None, b"ok", [("sapo-node-id", b"peer")])
+    handled: list[bytes] = []
+
+    def handle(record: Record) -> Disposition:
+        handled.append(record.value or b"")
+        return Disposition.DONE
+
+    def own_node(record: Record) -> str | None:
+        return "own_node" if record.headers.get("sapo-node-id") == b"me" else None
+
+    loop, registry = _loop(bus, handle, prefilter=own_node)
+    loop.run(idle_timeout_s=0.0)
+    assert handled == [b"ok"]
+    assert registry.get_sample_value("sapo_test_messages_rejected_total", {"reason": "own_node"}) == 1
+
+
+def test_stop_flag_and_until_end_the_loop() -> None:
+    bus = MemoryBus()
+    for i in range(10):
+        bus.append("in", None, b"%d" % i, [])
+    count = 0
+
+    def handle(record: Record) -> Disposition:
+        nonlocal count
+        count += 1
+        return Disposition.DONE
+
+    loop, _ = _loop(bus, handle)
+    loop.run(until=lambda: count >= 4)
+    assert count == 4
+
+
+def test_handler_bugs_propagate_instead_of_being_swallowed() -> None:
+    bus = MemoryBus()
+    bus.append("in", None, b"x", [])
+
+    def broken(record: Record) -> Disposition:
+        raise KeyError("bug")
+
+    loop, _ = _loop(bus, broken)
+    with pytest.raises(KeyError):
+        loop.run(idle_timeout_s=0.0)
+    assert ("g", ("in", 0)) not in bus.committed or bus.committed[("g", ("in", 0))] == 0
+
+
+def test_invalid_message_error_carries_reason() -> None:
+    exc = InvalidMessageError("oversized", "9 > 8")
+    assert exc.reason == "oversized"
+    assert "9 > 8" in str(exc)

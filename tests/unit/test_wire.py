@@ -1,0 +1,128 @@
+"""The wire contract: round trips, forward compatibility, validation reasons, signing, codegen drift."""
+
+from __future__ import annotations
+
+import filecmp
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+from sapo import wire
+from sapo.v1 import batch_pb2, policy_pb2, rollout_pb2
+from tests.factories import make_group
+
+pytestmark = pytest.mark.unit
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_rollout_group_round_trip() -> None:
+    group = make_group()
+    data = group.SerializeToString()
+    back = wire.decode(rollout_pb2.RolloutGroup, data, max_bytes=1 << 20)
+    assert back == group
+    assert wire.validate_rollout_group(back) is None
+
+
+def _newer_rollout_group_class() -> type:
+    """A RolloutGroup as a newer minor schema would define it: one extra field (number 99)."""
+    fdp = descriptor_pb2.FileDescriptorProto()
+    rollout_pb2.DESCRIPTOR.CopyToProto(fdp)
+    fdp.name = "sapo/v1/rollout_next.proto"
+    fdp.package = "sapo.next"
+    msg = next(m for m in fdp.message_type if m.name == "RolloutGroup")
+    msg.field.add(name="future_field", number=99, type=9, label=1)  # TYPE_STRING, LABEL_OPTIONAL
+    pool = descriptor_pool.DescriptorPool()
+    for dep in ("google/protobuf/timestamp.proto", "sapo/v1/question.proto"):
+        dep_proto = descriptor_pb2.FileDescriptorProto()
+        descriptor_pool.Default().FindFileByName(dep).CopyToProto(dep_proto)
+        pool.Add(dep_proto)
+    for m in fdp.message_type:
+        for f in m.field:
+            if f.type_name.startswith(".sapo.v1.") and f.type_name.split(".")[-1] in {
+                t.name for t in fdp.message_type
+            } | {e.name for e in fdp.enum_type}:
+                f.type_name = ".sapo.next." + f.type_name.split(".")[-1]
+    pool.Add(fdp)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("sapo.next.RolloutGroup"))
+
+
+def test_newer_minor_schema_decodes_and_unknown_fields_survive() -> None:
+    newer_cls = _newer_rollout_group_class()
+    newer = newer_cls()
+    newer.ParseFromString(make_group(node_id="node-b").SerializeToString())
+    newer.future_field = "from the future"
+    data = newer.SerializeToString()
+
+    old = wire.decode(rollout_pb2.RolloutGroup, data, max_bytes=1 << 20)
+    assert old.node_id == "node-b"
+    assert wire.validate_rollout_group(old) is None
+    # Re-serialised by an old reader (e.g. a sampler forwarding it), the field is still there.
+    again = newer_cls()
+    again.ParseFromString(old.SerializeToString())
+    assert again.future_field == "from the future"
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (None, "empty_payload"),
+        (b"\xff\xff\xff\xff", "undecodable"),
+        (b"x" * 2048, "oversized"),
+    ],
+)
+def test_decode_failures_have_reasons(value: bytes | None, reason: str) -> None:
+    with pytest.raises(wire.InvalidMessageError) as info:
+        wire.decode(rollout_pb2.RolloutGroup, value, max_bytes=1024)
+    assert info.value.reason == reason
+
+
+def test_unknown_schema_version_rejected() -> None:
+    group = make_group()
+    group.schema_version = 2
+    with pytest.raises(wire.InvalidMessageError, match="schema_version"):
+        wire.decode(rollout_pb2.RolloutGroup, group.SerializeToString(), max_bytes=1 << 20)
+
+
+def test_structural_validation_reasons() -> None:
+    bad_id = make_group(group_id="not-a-uuid")
+    assert wire.validate_rollout_group(bad_id) == "bad_group_id"
+    no_completions = make_group(rewards=())
+    assert wire.validate_rollout_group(no_completions) == "no_completions"
+    mismatch = make_group()
+    mismatch.completions[0].logprobs.append(-1.0)
+    assert wire.validate_rollout_group(mismatch) == "logprob_length_mismatch"
+    unspecified = make_group()
+    unspecified.completions[1].finish_reason = rollout_pb2.FINISH_REASON_UNSPECIFIED
+    assert wire.validate_rollout_group(unspecified) == "missing_finish_reason"
+
+
+def test_batch_and_policy_validation() -> None:
+    batch = batch_pb2.TrainingBatch(batch_id="n/0", groups=[batch_pb2.BatchGroup(group=make_group())])
+    assert wire.validate_batch(batch) == "missing_source"
+    batch.groups[0].source = batch_pb2.GROUP_SOURCE_LOCAL
+    assert wire.validate_batch(batch) == "reward_length_mismatch"
+    batch.groups[0].rewards.extend([1, 0, 0, 1])
+    batch.groups[0].advantages.extend([1, -1, -1, 1])
+    assert wire.validate_batch(batch) is None
+    update = policy_pb2.PolicyUpdate(node_id="n", manifest_uri="file:///x", manifest_sha256="a" * 64)
+    assert wire.validate_policy_update(update) is None
+    assert wire.validate_policy_update(policy_pb2.PolicyUpdate(node_id="n")) == "incomplete_policy_update"
+
+
+def test_signature_checks() -> None:
+    value = make_group().SerializeToString()
+    headers = dict(wire.message_headers("RolloutGroup", "node-a", value, "t", key=b"secret"))
+    assert wire.check_signature(headers, value, b"secret") is None
+    assert wire.check_signature(headers, value + b"x", b"secret") == "bad_signature"
+    assert wire.check_signature({}, value, b"secret") == "unsigned"
+
+
+def test_generated_code_matches_proto_sources(tmp_path: Path) -> None:
+    subprocess.run([sys.executable, str(ROOT / "scripts/gen_proto.py"), str(tmp_path)], check=True)
+    for generated in sorted((tmp_path / "sapo/v1").iterdir()):
+        committed = ROOT / "sapo/v1" / generated.name
+        assert committed.exists(), f"{committed} missing: run `make proto`"
+        assert filecmp.cmp(generated, committed, shallow=False), f"{committed} is stale: run `make proto`"
