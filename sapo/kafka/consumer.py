@@ -179,6 +179,23 @@ class ConsumerLoop:
         self._client.store(self.watermarks.positions())
         self._client.commit()
 
+    def open(self) -> None:
+        """Join the group; `step()` may be called from then on."""
+        self._client.subscribe(self._topics, self._assigned, self._revoked, self._lost)
+
+    def step(self, timeout_s: float | None = None) -> bool:
+        """Poll once and handle what arrived; True when a record was read. Lets one thread drive
+        several loops (a sampler's local and swarm streams may live on different clusters)."""
+        record = self._client.poll(self._poll_timeout_s if timeout_s is None else timeout_s)
+        self.last_poll_monotonic = time.monotonic()
+        if record is None:
+            if self._on_idle is not None:
+                self._on_idle()
+        else:
+            self._dispatch(record)
+        self._store_if_moved()
+        return record is not None
+
     def run(
         self,
         *,
@@ -189,28 +206,21 @@ class ConsumerLoop:
     ) -> int:
         """Consume until stopped, `max_records` were read, `until()` is true, or nothing arrived for
         `idle_timeout_s`. Returns the number of records read. Closes the client unless close=False."""
-        self._client.subscribe(self._topics, self._assigned, self._revoked, self._lost)
+        self.open()
         read = 0
         idle_since = time.monotonic()
         try:
             while not self._stop.is_set() and not (until is not None and until()):
                 if max_records is not None and read >= max_records:
                     break
-                record = self._client.poll(self._poll_timeout_s)
-                self.last_poll_monotonic = time.monotonic()
-                if record is None:
-                    if self._on_idle is not None:
-                        self._on_idle()
-                    if idle_timeout_s is not None and time.monotonic() - idle_since > idle_timeout_s:
-                        break
-                else:
-                    idle_since = time.monotonic()
+                if self.step():
                     read += 1
-                    self._dispatch(record)
-                self._store_if_moved()
+                    idle_since = time.monotonic()
+                elif idle_timeout_s is not None and time.monotonic() - idle_since > idle_timeout_s:
+                    break
         finally:
             if close:
-                self._close()
+                self.close()
         return read
 
     def _dispatch(self, record: Record) -> None:
@@ -265,7 +275,8 @@ class ConsumerLoop:
         self.assigned.difference_update(tps)
         self._metrics.assigned_partitions.set(len(self.assigned))
 
-    def _close(self) -> None:
+    def close(self) -> None:
+        """Store finished positions and leave the group (the client commits them on close)."""
         try:
             self._client.store(self.watermarks.positions())
         finally:
