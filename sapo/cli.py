@@ -11,8 +11,10 @@ import logging
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 
 from sapo.broker import DEFAULT_HOST, LIBRDKAFKA_LOG, BrokerError, EmbeddedBroker
@@ -112,9 +114,29 @@ def _run_topics(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_swarm_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--manifest", type=Path, required=True, help="swarm manifest (YAML)")
+    parser.add_argument(
+        "--run-dir",
+        type=Path,
+        default=None,
+        help="where logs, checkpoints and results go (default runs/<name>-<time>)",
+    )
+
+
+def _run_swarm(args: argparse.Namespace) -> int:
+    from sapo.swarm.manifest import load_manifest
+    from sapo.swarm.run import run_swarm
+
+    manifest = load_manifest(args.manifest)
+    run_dir = args.run_dir or Path("runs") / f"{manifest.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return run_swarm(manifest, run_dir.resolve())
+
+
 SUBCOMMANDS: tuple[Subcommand, ...] = (
     Subcommand("broker", "run the embedded Kafka-API broker (tansu)", _add_broker_arguments, _run_broker),
     Subcommand("topics", "create the swarm and node topics (idempotent)", _add_topics_arguments, _run_topics),
+    Subcommand("swarm", "run a local swarm of nodes end to end", _add_swarm_arguments, _run_swarm),
 )
 
 

@@ -1,0 +1,177 @@
+"""Runs a swarm on one machine: the embedded broker (unless one is given) and, per node, its
+generator, sampler and trainer as separate processes that talk only through Kafka.
+
+Each process gets its settings through the same environment variables a Kubernetes Deployment
+would set, its own /metrics port, and a log file in the run directory. Stopping sends SIGTERM to
+every process (generators first, trainers last so their final checkpoint lands), waits, and kills
+what is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sapo.broker import EmbeddedBroker, free_port
+from sapo.settings import ConsumerProfile
+from sapo.swarm.manifest import NodeSpec, SwarmManifest
+from sapo.topics import TopicNames, ensure_topics
+
+SERVICES = ("trainer", "sampler", "generator")
+STOP_ORDER = ("generator", "sampler", "trainer")
+STOP_GRACE_S = 60.0
+
+
+@dataclass
+class ServiceProcess:
+    node: str
+    service: str
+    port: int
+    log_path: Path
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/metrics"
+
+
+def _env_name(service: str, key: str) -> str:
+    return f"SAPO_{service.upper()}_{key.upper()}"
+
+
+def flatten_env(service: str, values: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """Settings values as the env variables pydantic-settings reads (nested keys joined by `__`)."""
+    env: dict[str, str] = {}
+    for key, value in values.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            env |= flatten_env(service, value, f"{name}__")
+        elif isinstance(value, list | tuple):
+            env[_env_name(service, name)] = json.dumps(list(value))
+        elif isinstance(value, bool):
+            env[_env_name(service, name)] = "true" if value else "false"
+        elif value is not None:
+            env[_env_name(service, name)] = str(value)
+    return env
+
+
+def service_values(node: NodeSpec, service: str, run_dir: Path) -> dict[str, Any]:
+    """The settings one service of a node runs with: the manifest's short keys mapped onto the
+    service's own field names, then the node's raw per-service settings on top."""
+    checkpoints = str(run_dir / "checkpoints")
+    mapped: dict[str, dict[str, Any]] = {
+        "generator": {
+            "model": node.model,
+            "node_seed": node.seed,
+            "profile": node.profile,
+            "questions_per_round": node.questions_per_round,
+            "completions_per_question": node.completions_per_question,
+            "sharing": node.sharing,
+            "round_mode": "lockstep" if node.round_mode == "lockstep" else "async",
+            "rounds": node.rounds,
+            "max_new_tokens": node.max_new_tokens,
+        },
+        "sampler": {
+            "local_groups": node.local_groups,
+            "external_groups": node.external_groups,
+            "round_mode": node.round_mode,
+            "questions_per_round": node.questions_per_round,
+            "profile": node.profile,
+            "seed": node.seed,
+        },
+        "trainer": {
+            "model": node.model,
+            "learning_rate": node.learning_rate,
+            "checkpoint_dir": checkpoints,
+            "step_log": str(run_dir / "steps" / f"{node.id}.jsonl"),
+            "seed": node.seed,
+        },
+    }
+    raw: dict[str, Any] = getattr(node, service)
+    return mapped[service] | raw
+
+
+@dataclass
+class Swarm:
+    manifest: SwarmManifest
+    run_dir: Path
+    processes: list[ServiceProcess] = field(default_factory=list)
+    broker: EmbeddedBroker | None = None
+    bootstrap: str = ""
+
+    def start(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "logs").mkdir(exist_ok=True)
+        (self.run_dir / "steps").mkdir(exist_ok=True)
+        (self.run_dir / "manifest.json").write_text(self.manifest.model_dump_json(indent=1))
+        if self.manifest.bootstrap:
+            self.bootstrap = self.manifest.bootstrap
+        else:
+            self.broker = EmbeddedBroker(log_path=self.run_dir / "logs" / "broker.log").start()
+            self.bootstrap = self.broker.bootstrap
+        specs = [
+            spec
+            for node in self.manifest.nodes
+            for spec in TopicNames.for_node(node.id, self.manifest.topic_prefix).specs()
+        ]
+        ensure_topics({"bootstrap.servers": self.bootstrap}, specs, timeout_s=30)
+        for node in self.manifest.nodes:
+            for service in SERVICES:
+                self.processes.append(self._spawn(node, service))
+
+    def _common_env(self, node: NodeSpec, service: str, port: int) -> dict[str, str]:
+        values: dict[str, Any] = {
+            "node_id": node.id,
+            "kafka": {"bootstrap_servers": self.bootstrap, "client_id": f"{node.id}-{service}"},
+            "topic_prefix": self.manifest.topic_prefix,
+            "http_host": "127.0.0.1",
+            "http_port": port,
+            "log_format": "text",
+        }
+        if self.broker is not None:
+            values["consumer"] = ConsumerProfile.local().model_dump()
+        return flatten_env(service, values)
+
+    def _spawn(self, node: NodeSpec, service: str) -> ServiceProcess:
+        port = free_port()
+        env = dict(os.environ)
+        env |= self._common_env(node, service, port)
+        env |= flatten_env(service, service_values(node, service, self.run_dir))
+        env["PYTHONUNBUFFERED"] = "1"
+        log_path = self.run_dir / "logs" / f"{node.id}-{service}.log"
+        with log_path.open("ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", f"services.{service}.main"],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return ServiceProcess(node.id, service, port, log_path, proc)
+
+    def failed(self) -> list[ServiceProcess]:
+        """Processes that exited with an error while the swarm was meant to be running."""
+        return [p for p in self.processes if p.proc.poll() not in (None, 0)]
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        for service in STOP_ORDER:
+            group = [p for p in self.processes if p.service == service and p.proc.poll() is None]
+            for p in group:
+                p.proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            for p in group:
+                try:
+                    p.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    p.proc.kill()
+                    p.proc.wait()
+        if self.broker is not None:
+            self.broker.stop()

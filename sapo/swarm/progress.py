@@ -1,0 +1,80 @@
+"""Live progress of a local swarm, read from each service's own /metrics endpoint."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+
+
+def scrape(url: str, timeout_s: float = 2.0) -> Samples:
+    """Metric samples by name; empty when the service is not up yet."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            text = resp.read().decode()
+    except (urllib.error.URLError, OSError):
+        return {}
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples.setdefault(s.name, []).append((dict(s.labels), float(s.value)))
+    return samples
+
+
+def total(samples: Samples, name: str, **match: str) -> float:
+    return sum(v for labels, v in samples.get(name, []) if all(labels.get(k) == m for k, m in match.items()))
+
+
+def by_label(samples: Samples, name: str, label: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for labels, v in samples.get(name, []):
+        key = labels.get(label, "")
+        out[key] = out.get(key, 0.0) + v
+    return out
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    node: str
+    groups: int
+    policy_version: int
+    reward: float
+    local_used: int
+    external_used: int
+    rejected: int
+    steps: int
+
+    @classmethod
+    def read(cls, node: str, generator: Samples, sampler: Samples, trainer: Samples) -> NodeStatus:
+        used = by_label(sampler, "sapo_sampler_batch_groups_total", "source")
+        reward_sum = total(generator, "sapo_generator_reward_sum")
+        reward_count = total(generator, "sapo_generator_reward_count")
+        return cls(
+            node=node,
+            groups=int(total(generator, "sapo_generator_groups_total")),
+            policy_version=int(total(trainer, "sapo_trainer_policy_version")),
+            reward=reward_sum / reward_count if reward_count else float("nan"),
+            local_used=int(used.get("local", 0)),
+            external_used=int(used.get("external", 0)),
+            rejected=int(total(sampler, "sapo_sampler_groups_rejected_total")),
+            steps=int(total(trainer, "sapo_trainer_steps_total")),
+        )
+
+
+def render(statuses: Iterable[NodeStatus], rounds: int, elapsed_s: float) -> str:
+    header = (
+        f"{'node':<12} {'version':>8} {'groups':>7} {'reward':>7} {'local':>6} {'extern':>6} {'reject':>6}"
+    )
+    lines = [f"sapo swarm — {elapsed_s:6.0f}s elapsed, target {rounds} rounds", header]
+    for s in statuses:
+        reward = f"{s.reward:.3f}" if s.reward == s.reward else "-"
+        lines.append(
+            f"{s.node:<12} {s.policy_version:>5}/{rounds:<2} {s.groups:>7} {reward:>7} "
+            f"{s.local_used:>6} {s.external_used:>6} {s.rejected:>6}"
+        )
+    return "\n".join(lines)
