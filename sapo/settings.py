@@ -9,6 +9,8 @@ librdkafka dict; secrets are `SecretStr` so the resolved config can be logged.
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any, Self, TypeVar
 
@@ -155,8 +157,27 @@ class ServiceSettings(BaseSettings):
 S = TypeVar("S", bound=ServiceSettings)
 
 
+def unknown_env(cls: type[BaseSettings], environ: Mapping[str, str]) -> list[str]:
+    """Variables with the class's prefix that name no field: pydantic-settings ignores them silently,
+    so a misspelled setting would otherwise run with its default."""
+    prefix = str(cls.model_config.get("env_prefix", ""))
+    if not prefix:
+        return []
+    fields = set(cls.model_fields)
+    return sorted(
+        name
+        for name in environ
+        if name.upper().startswith(prefix) and name[len(prefix) :].split("__")[0].lower() not in fields
+    )
+
+
 def load_settings(cls: type[S], **overrides: Any) -> S:
     """Build settings from the environment (and overrides), or exit with every problem and what to set."""
+    unknown = unknown_env(cls, os.environ)
+    if unknown:
+        prefix = cls.model_config.get("env_prefix", "")
+        known = ", ".join(f"{prefix}{f.upper()}" for f in cls.model_fields)
+        raise ConfigError(f"unknown setting(s) {', '.join(unknown)} for {cls.__name__}; known: {known}")
     try:
         return cls(**overrides)
     except ValidationError as exc:

@@ -129,9 +129,14 @@ def _validate_completions(group: rollout_pb2.RolloutGroup) -> str | None:
 
 
 def validate_batch(batch: batch_pb2.TrainingBatch) -> str | None:
-    """Structural checks the trainer relies on; None when valid, else a reason."""
-    if not batch.batch_id or not batch.groups:
-        return "empty_batch"
+    """Structural checks the trainer relies on; None when valid, else a reason.
+
+    A batch with no groups is valid: a lock-step sampler emits one when no group of a round had
+    signal, and the trainer treats it as a no-op step that still advances the policy version, so the
+    node's rounds stay aligned with the swarm's. It still needs its batch id (the idempotency key).
+    """
+    if not batch.batch_id:
+        return "missing_batch_id"
     for bg in batch.groups:
         if bg.source == batch_pb2.GROUP_SOURCE_UNSPECIFIED:
             return "missing_source"

@@ -51,13 +51,13 @@ class NodeStatus:
 
     @classmethod
     def read(cls, node: str, generator: Samples, sampler: Samples, trainer: Samples) -> NodeStatus:
-        used = by_label(sampler, "sapo_sampler_batch_groups_total", "source")
+        used = by_label(sampler, "sapo_sampler_batch_groups_sum", "source")
         reward_sum = total(generator, "sapo_generator_reward_sum")
         reward_count = total(generator, "sapo_generator_reward_count")
         return cls(
             node=node,
             groups=int(total(generator, "sapo_generator_groups_total")),
-            policy_version=int(total(trainer, "sapo_trainer_policy_version")),
+            policy_version=int(total(trainer, "sapo_trainer_announced_version")),
             reward=reward_sum / reward_count if reward_count else float("nan"),
             local_used=int(used.get("local", 0)),
             external_used=int(used.get("external", 0)),

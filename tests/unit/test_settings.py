@@ -50,3 +50,11 @@ def test_sasl_needs_credentials_and_secrets_are_masked() -> None:
     dumped = str(describe(s))
     assert "hunter2" not in dumped
     assert "topsecret" not in dumped
+
+
+def test_misspelled_variable_fails_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SAPO_DEMO_NODE_ID", "n")
+    monkeypatch.setenv("SAPO_DEMO_KAFKA__BOOTSTRAP_SERVERS", "h:1")
+    monkeypatch.setenv("SAPO_DEMO_HTTP_PROT", "9000")
+    with pytest.raises(ConfigError, match="SAPO_DEMO_HTTP_PROT"):
+        load_settings(DemoSettings)

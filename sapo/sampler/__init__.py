@@ -1,0 +1,59 @@
+"""The sampler's pure core (DESIGN §4): filters, pool, I/J selection, round modes, batch building.
+
+No Kafka here: the service (`services/sampler`) feeds consumed messages in and publishes what comes
+out. Module map:
+- `screen`: header prefilter, bounded decode, the per-group filter pipeline, rejection reasons.
+- `seen`: the bounded dedupe set of group ids.
+- `verifier`: re-derivation and local rewards, with result caching that never skips a check.
+- `pool`: accepted groups waiting for a batch, bounded per origin.
+- `selection`: fixed / adaptive I/J, per-source quota, uniform / reward-guided choice of J.
+- `assembler`: the round modes lockstep / deadline / async.
+- `batch`: the TrainingBatch message and the history a restart recovers from the batch topic.
+"""
+
+from sapo.sampler.assembler import Assembler, Assembly, AssemblyConfig, Discard, RoundMode, make_assembler
+from sapo.sampler.batch import History, HistoryBuilder, batch_id, build_batch
+from sapo.sampler.pool import Entry, Pool
+from sapo.sampler.screen import (
+    ORIGINS,
+    REASONS,
+    Origin,
+    Scored,
+    Screen,
+    ScreenConfig,
+    header_reason,
+    parse,
+)
+from sapo.sampler.seen import SeenGroups
+from sapo.sampler.selection import Mix, MixPolicy, SelectionPolicy, pick_external, plan
+from sapo.sampler.verifier import Verifier
+
+__all__ = [
+    "ORIGINS",
+    "REASONS",
+    "Assembler",
+    "Assembly",
+    "AssemblyConfig",
+    "Discard",
+    "Entry",
+    "History",
+    "HistoryBuilder",
+    "Mix",
+    "MixPolicy",
+    "Origin",
+    "Pool",
+    "RoundMode",
+    "Scored",
+    "Screen",
+    "ScreenConfig",
+    "SeenGroups",
+    "SelectionPolicy",
+    "Verifier",
+    "batch_id",
+    "build_batch",
+    "header_reason",
+    "make_assembler",
+    "parse",
+    "pick_external",
+    "plan",
+]

@@ -1,0 +1,277 @@
+"""Round modes: when a batch is due and which pooled groups it takes (DESIGN §4).
+
+- `lockstep` (the paper): batch r holds the node's own round-r groups and the swarm's round-r groups.
+  Round r is due once all `questions_per_round` local round-r groups arrived (or
+  `lockstep_local_timeout_s` passed since the first did: a lost local group must not stall the node
+  forever) and then either `expected_peers` peers sent a round-r group or `lockstep_timeout_s`
+  passed. I local groups are sampled uniformly from the round's local groups with signal, J from the
+  round's external ones; everything else of the round is discarded ("unused"). The batch is emitted
+  even with zero groups, so the round (and the trainer's policy version) advances. The round taken is
+  the lowest one at or after the next round that has local groups: a generator that starts at another
+  round number, or skips one, never stalls the sampler, and nothing of an older round is ever read.
+  Lock-step needs a swarm that starts together; groups more than LOCKSTEP_WINDOW rounds ahead are
+  refused ("future_round"), groups of closed rounds too ("late_round").
+- `deadline`: due when I local groups are pooled and J external ones, or `deadline_s` after the I
+  local groups were there; missing external slots are then filled from local.
+- `async`: due whenever I local and J external groups are pooled.
+
+In the streaming modes local groups are taken oldest first (they only get staler), external ones by
+the selection policy. Every mode expires pooled groups that outlived the age / staleness bounds.
+The assembler never finishes input itself: discarded entries queue up for `take_discards()`.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Final, Generic, TypeVar
+
+from sapo.sampler.pool import Entry, Pool
+from sapo.sampler.screen import Origin, Scored
+from sapo.sampler.selection import Mix, SelectionPolicy, pick_external, plan, usable_external
+from sapo.v1 import rollout_pb2
+
+log = logging.getLogger(__name__)
+H = TypeVar("H")
+
+LOCKSTEP_WINDOW: Final = 16
+"""Rounds ahead of the next one whose groups lock-step keeps (bounds memory against wild rounds)."""
+EXPIRY_INTERVAL_S: Final = 1.0
+"""Expiry scans the whole pool, so it runs at most this often."""
+
+
+class RoundMode(StrEnum):
+    LOCKSTEP = "lockstep"
+    DEADLINE = "deadline"
+    ASYNC = "async"
+
+
+@dataclass(frozen=True)
+class AssemblyConfig:
+    mode: RoundMode
+    mix: Mix
+    selection: SelectionPolicy
+    max_per_source: int
+    max_pool_groups: int
+    max_external_age_s: float
+    max_policy_lag: int
+    questions_per_round: int = 8
+    expected_peers: int = 0
+    lockstep_timeout_s: float = 60.0
+    lockstep_local_timeout_s: float = 600.0
+    deadline_s: float = 30.0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Assembly(Generic[H]):
+    """The groups of one batch; `round` is the lock-step round (None in the streaming modes)."""
+
+    local: list[Entry[H]]
+    external: list[Entry[H]]
+    round: int | None = None
+
+    @property
+    def entries(self) -> list[Entry[H]]:
+        return [*self.local, *self.external]
+
+
+@dataclass(frozen=True)
+class Discard(Generic[H]):
+    entry: Entry[H]
+    reason: str
+
+
+class Assembler(ABC, Generic[H]):
+    """The pool plus the rule of one round mode. Use `make_assembler`."""
+
+    def __init__(self, cfg: AssemblyConfig) -> None:
+        self.cfg = cfg
+        self.pool: Pool[H] = Pool(cfg.max_pool_groups)
+        self._discards: list[Discard[H]] = []
+        self._last_expiry_s = float("-inf")
+
+    def arrived(self, group: rollout_pb2.RolloutGroup, origin: Origin, now_s: float) -> None:
+        """A genuine group of a node arrived (before the signal filter); lock-step counts these."""
+
+    def add(self, scored: Scored, handle: H, now_s: float) -> str | None:
+        """Pool a screened group; returns a refusal reason instead when the mode cannot use it."""
+        evicted = self.pool.add(Entry(scored, handle, now_s))
+        if evicted is not None:
+            self._discards.append(Discard(evicted, "evicted"))
+        return None
+
+    @abstractmethod
+    def next_batch(self, now_s: float, sequence: int) -> Assembly[H] | None:
+        """The batch due now, its entries taken out of the pool; None when none is due."""
+
+    def take_discards(self) -> list[Discard[H]]:
+        """Entries dropped since the last call; the caller finishes their input and counts them."""
+        out, self._discards = self._discards, []
+        return out
+
+    def forget(self, group_ids: set[str]) -> list[Entry[H]]:
+        """Drop entries without finishing them (their partition was revoked: another owner re-reads)."""
+        return self.pool.take_where(lambda e: e.group_id in group_ids)
+
+    def _rng(self, sequence: int) -> random.Random:
+        """Per-batch randomness: the same seed and sequence make the same choice after a restart."""
+        return random.Random(f"{self.cfg.seed}/{sequence}")
+
+    def _expire(self, now_s: float, sequence: int, force: bool = False) -> None:
+        if not force and now_s - self._last_expiry_s < EXPIRY_INTERVAL_S:
+            return
+        self._last_expiry_s = now_s
+        cfg = self.cfg
+
+        def expired(e: Entry[H]) -> bool:
+            s = e.scored
+            if s.origin == "external":
+                return now_s - s.completed_s > cfg.max_external_age_s
+            return sequence - s.group.policy_version > cfg.max_policy_lag
+
+        self._discards.extend(Discard(e, "expired") for e in self.pool.take_where(expired))
+
+
+class StreamingAssembler(Assembler[H]):
+    """`deadline` (deadline_s set) and `async` (deadline_s None)."""
+
+    def __init__(self, cfg: AssemblyConfig, deadline_s: float | None) -> None:
+        super().__init__(cfg)
+        self._deadline_s = deadline_s
+        self._local_ready_s: float | None = None
+
+    def next_batch(self, now_s: float, sequence: int) -> Assembly[H] | None:
+        self._expire(now_s, sequence)
+        mix, pool = self.cfg.mix, self.pool
+        local_n = pool.count("local")
+        external_n = usable_external(pool.peer_counts(), self.cfg.max_per_source, mix.total)
+        n_local, n_external = plan(mix, local_n, external_n)
+        if local_n < n_local:
+            self._local_ready_s = None
+            return None
+        if self._local_ready_s is None:
+            self._local_ready_s = now_s
+        if external_n < n_external:
+            if self._deadline_s is None or now_s - self._local_ready_s < self._deadline_s:
+                return None
+            n_external = external_n
+            n_local = min(local_n, mix.total - n_external)
+        if n_local + n_external == 0:
+            return None
+        self._expire(now_s, sequence, force=True)  # never hand out a group that just went stale
+        local = pool.oldest("local", n_local)
+        cfg = self.cfg
+        external = pick_external(
+            pool.entries("external"), n_external, cfg.max_per_source, cfg.selection, self._rng(sequence)
+        )
+        if len(local) < n_local or len(external) < n_external:
+            return None  # the forced expiry took some: try again on the next tick
+        pool.remove([*local, *external])
+        self._local_ready_s = None
+        return Assembly(local, external)
+
+
+@dataclass
+class _Round:
+    """What arrived of one lock-step round."""
+
+    local_ids: set[str] = field(default_factory=set)
+    peers: set[str] = field(default_factory=set)
+    first_local_s: float | None = None
+    local_done_s: float | None = None
+
+
+class LockstepAssembler(Assembler[H]):
+    """`lockstep`: see the module docstring."""
+
+    def __init__(self, cfg: AssemblyConfig, next_round: int) -> None:
+        super().__init__(cfg)
+        self.next_round = next_round
+        self._rounds: dict[int, _Round] = {}
+
+    def _in_window(self, round_: int) -> bool:
+        return self.next_round <= round_ < self.next_round + LOCKSTEP_WINDOW
+
+    def arrived(self, group: rollout_pb2.RolloutGroup, origin: Origin, now_s: float) -> None:
+        if not self._in_window(group.round):
+            return
+        state = self._rounds.setdefault(group.round, _Round())
+        if origin == "external":
+            if len(state.peers) < self.cfg.expected_peers:  # bounded: more peers change nothing
+                state.peers.add(group.node_id)
+            return
+        if state.first_local_s is None:
+            state.first_local_s = now_s
+        if len(state.local_ids) < self.cfg.questions_per_round:
+            state.local_ids.add(group.group_id)
+        if len(state.local_ids) >= self.cfg.questions_per_round and state.local_done_s is None:
+            state.local_done_s = now_s
+
+    def add(self, scored: Scored, handle: H, now_s: float) -> str | None:
+        if scored.round < self.next_round:
+            return "late_round"
+        if not self._in_window(scored.round):
+            return "future_round"
+        return super().add(scored, handle, now_s)
+
+    def next_batch(self, now_s: float, sequence: int) -> Assembly[H] | None:
+        started = [r for r, s in self._rounds.items() if s.first_local_s is not None]
+        if not started:
+            return None
+        round_ = min(started)
+        if not self._due(self._rounds[round_], now_s, round_):
+            return None
+        self._expire(now_s, sequence, force=True)
+        if round_ > self.next_round:
+            log.warning("lock-step: no local groups of rounds %d..%d", self.next_round, round_ - 1)
+        rng = self._rng(sequence)
+        local = [e for e in self.pool.entries("local") if e.scored.round == round_]
+        external = [e for e in self.pool.entries("external") if e.scored.round == round_]
+        quota, mix = self.cfg.max_per_source, self.cfg.mix
+        n_local, n_external = plan(mix, len(local), usable_external(_peer_counts(external), quota, mix.total))
+        picked_local = rng.sample(local, min(n_local, len(local)))
+        picked_external = pick_external(external, n_external, quota, self.cfg.selection, rng)
+        self.pool.remove([*picked_local, *picked_external])
+        unused = self.pool.take_where(lambda e: e.scored.round <= round_)
+        self._discards.extend(Discard(e, "unused") for e in unused)
+        self.next_round = round_ + 1
+        self._rounds = {r: s for r, s in self._rounds.items() if r > round_}
+        return Assembly(picked_local, picked_external, round_)
+
+    def _due(self, state: _Round, now_s: float, round_: int) -> bool:
+        cfg = self.cfg
+        if state.local_done_s is None:
+            assert state.first_local_s is not None
+            if now_s - state.first_local_s < cfg.lockstep_local_timeout_s:
+                return False
+            log.warning(
+                "lock-step round %d: %d of %d local groups after %.0f s; closing it without the rest",
+                round_,
+                len(state.local_ids),
+                cfg.questions_per_round,
+                cfg.lockstep_local_timeout_s,
+            )
+            state.local_done_s = now_s
+        if not cfg.mix.wants_external or len(state.peers) >= cfg.expected_peers:
+            return True
+        return now_s - state.local_done_s >= cfg.lockstep_timeout_s
+
+
+def _peer_counts(entries: list[Entry[H]]) -> list[int]:
+    counts: dict[str, int] = {}
+    for e in entries:
+        counts[e.scored.peer] = counts.get(e.scored.peer, 0) + 1
+    return list(counts.values())
+
+
+def make_assembler(cfg: AssemblyConfig, next_round: int = 0) -> Assembler[H]:
+    """The assembler of the configured mode; `next_round` is the first lock-step round to close."""
+    if cfg.mode is RoundMode.LOCKSTEP:
+        return LockstepAssembler(cfg, next_round)
+    if cfg.mode is RoundMode.DEADLINE:
+        return StreamingAssembler(cfg, cfg.deadline_s)
+    return StreamingAssembler(cfg, None)

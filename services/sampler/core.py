@@ -1,0 +1,261 @@
+"""The sampler service core: two consumer loops, the filter pipeline, the pool and batch publishing.
+
+Delivery semantics (at-least-once in; batch ids out exactly once):
+- Input: the node's rollout topic (LOCAL) and the swarm topic (EXTERNAL, possibly on another
+  cluster), each through its own ConsumerLoop, both driven by `step()` from one thread. A rejected or
+  duplicate group is DONE at once (malformed and unverifiable ones are dead-lettered too). A pooled
+  group is HELD, and finished only when the batch holding it is acknowledged by the broker
+  (`send_sync`) or when it is discarded (expired, evicted, unused after its round). Offsets are
+  committed only up to the lowest unfinished one (Watermarks), so a crash re-delivers every pooled
+  group and every group of a batch that was not yet acknowledged.
+- Idempotency keys: the group id on the way in, the batch id `<node_id>/<sequence>` on the way out.
+  On start the batch topic is read to its end (`recovery.py`) before anything is consumed: the
+  sequence continues after the last batch, and groups already in a batch seed the dedupe set, so
+  their re-delivery is rejected as "duplicate". A SIGKILL at any moment therefore neither loses nor
+  repeats a batch, and no group lands in two batches.
+- A batch the broker does not acknowledge in time raises DeliveryError and the process exits; the
+  restart is safe for the same reason (the batch is either in the topic and recovered, or not).
+- SIGTERM: the current step ends, both consumers commit what is finished and leave the group; the
+  pool is re-delivered to the next start.
+- One sampler per node: it owns the batch sequence (run the Deployment with one replica). If a
+  rebalance still takes partitions away, their pooled groups are dropped unfinished and forgotten by
+  the dedupe set, so the new owner's copy is accepted.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable
+
+from sapo.kafka import ConsumerClient, ConsumerLoop, DeadLetters, Disposition, Publisher, Record
+from sapo.kafka import TransportMetrics as Transport
+from sapo.kafka.records import TopicPartition
+from sapo.lifecycle import StopFlag
+from sapo.ops import Health
+from sapo.sampler import (
+    ORIGINS,
+    Assembler,
+    Assembly,
+    History,
+    Origin,
+    Scored,
+    Screen,
+    SeenGroups,
+    build_batch,
+    header_reason,
+    make_assembler,
+    parse,
+)
+from sapo.service import Runtime
+from sapo.topics import TopicNames
+from sapo.wire import InvalidMessageError, message_headers, now_timestamp, validate_batch
+from services.sampler.metrics import SamplerMetrics
+from services.sampler.recovery import read_history
+from services.sampler.settings import SamplerSettings
+
+log = logging.getLogger(__name__)
+
+SERVICE = "sampler"
+IDLE_WAIT_S = 0.02
+"""Pause of a step in which neither stream had a record (polls are non-blocking so that one busy
+stream is never slowed down by waiting on the other)."""
+PUBLISH_TIMEOUT_S = 30.0
+
+
+class SamplerCore:
+    """Drives both streams, the pipeline and the assembler; see the module docstring."""
+
+    def __init__(
+        self,
+        settings: SamplerSettings,
+        topics: TopicNames,
+        *,
+        history: History,
+        publisher: Publisher,
+        local_client: ConsumerClient,
+        swarm_client: ConsumerClient,
+        metrics: SamplerMetrics,
+        transport: Transport,
+        health: Health,
+        stop: StopFlag,
+        dead_letters: DeadLetters | None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._settings = settings
+        self._topics = topics
+        self._publisher = publisher
+        self._metrics = metrics
+        self._health = health
+        self._stop = stop
+        self._clock = clock
+        self.sequence = history.next_sequence
+        self.assembler: Assembler[Record] = make_assembler(settings.assembly_config(), history.next_round)
+        seen = SeenGroups(settings.dedupe_capacity, history.used_group_ids)
+        self.screen = Screen(settings.screen_config(), seen, on_arrival=self.assembler.arrived)
+
+        def loop(client: ConsumerClient, topic: str, origin: Origin) -> ConsumerLoop:
+            return ConsumerLoop(
+                client,
+                [topic],
+                functools.partial(self._handle, origin),
+                stop=stop,
+                metrics=transport,
+                dead_letters=dead_letters,
+                prefilter=functools.partial(self._prefilter, origin),
+                stream_of=lambda _topic: origin,
+                on_revoke=self._revoked,
+                poll_timeout_s=0.0,
+            )
+
+        self.local = loop(local_client, topics.rollouts, "local")
+        self.swarm = loop(swarm_client, topics.swarm_rollouts, "external")
+
+    def run(self) -> None:
+        """Consume and emit until the stop flag is set."""
+        self.local.open()
+        self.swarm.open()
+        while not self._stop.is_set():
+            self.step()
+
+    def step(self) -> bool:
+        """One poll of each stream, then emit every due batch; True when a record was read."""
+        got = self.local.step(0.0)
+        got = self.swarm.step(0.0) or got
+        self._emit_due()
+        self._settle_discards()
+        self._health.beat()
+        self._health.set("partitions_assigned", bool(self.local.assigned) and bool(self.swarm.assigned))
+        for origin in ORIGINS:
+            self._metrics.pool.labels(origin).set(self.assembler.pool.count(origin))
+        if not got:
+            self._stop.wait(IDLE_WAIT_S)
+        return got
+
+    def close(self) -> None:
+        """Commit what is finished on both streams and leave their groups."""
+        try:
+            self.local.close()
+        finally:
+            self.swarm.close()
+
+    def _prefilter(self, origin: Origin, record: Record) -> str | None:
+        self._metrics.consumed.labels(origin).inc()
+        reason = header_reason(record.headers, record.value, origin, self.screen.cfg)
+        if reason is not None:
+            self._metrics.rejected.labels(reason).inc()
+        return reason
+
+    def _handle(self, origin: Origin, record: Record) -> Disposition:
+        try:
+            reason = self._admit(origin, record)
+        except InvalidMessageError as exc:  # counted here; the loop dead-letters and finishes it
+            self._metrics.rejected.labels(exc.reason).inc()
+            raise
+        if reason is not None:
+            self._metrics.rejected.labels(reason).inc()
+            return Disposition.DONE
+        return Disposition.HELD
+
+    def _admit(self, origin: Origin, record: Record) -> str | None:
+        """Screen and pool one group; the reason it was not pooled, or None."""
+        group = parse(record.value, self._settings.max_message_bytes)
+        now = self._clock()
+        verdict = self.screen.check(group, origin, now, self.sequence)
+        if isinstance(verdict, str):
+            return verdict
+        refusal = self.assembler.add(verdict, record, now)
+        if refusal is None:
+            self.screen.seen.add(group.group_id)
+        return refusal
+
+    def _emit_due(self) -> None:
+        while (assembly := self.assembler.next_batch(self._clock(), self.sequence)) is not None:
+            self._publish(assembly)
+
+    def _publish(self, assembly: Assembly[Record]) -> None:
+        node = self._settings.node_id
+        entries = assembly.entries
+        batch = build_batch(
+            node,
+            self.sequence,
+            [e.scored for e in entries],
+            [(e.handle.topic, e.handle.partition, e.handle.offset) for e in entries],
+            round_=assembly.round,
+            created_at=now_timestamp(),
+        )
+        problem = validate_batch(batch)
+        if problem is not None:  # a bug here, never bad input: refuse to hand the trainer garbage
+            raise RuntimeError(f"assembled an invalid batch {batch.batch_id}: {problem}")
+        value = batch.SerializeToString()
+        headers = message_headers("TrainingBatch", node, value)
+        key = batch.batch_id.encode()
+        self._publisher.send_sync(self._topics.batches, key, value, headers, timeout_s=PUBLISH_TIMEOUT_S)
+        for entry in entries:
+            self._loop_of(entry.handle).finish(entry.handle)
+        self._observe_batch(assembly, [e.scored for e in entries])
+        log.info(
+            "emitted %s: %d local + %d external groups (round %s)",
+            batch.batch_id,
+            len(assembly.local),
+            len(assembly.external),
+            batch.round,
+        )
+        self.sequence += 1
+
+    def _observe_batch(self, assembly: Assembly[Record], groups: list[Scored]) -> None:
+        now = self._clock()
+        self._metrics.batches.inc()
+        self._metrics.batch_groups.labels("local").observe(len(assembly.local))
+        self._metrics.batch_groups.labels("external").observe(len(assembly.external))
+        for scored in groups:
+            if scored.origin == "local":
+                self._metrics.staleness.observe(max(0, self.sequence - scored.group.policy_version))
+            if scored.completed_s > 0:
+                self._metrics.age.labels(scored.origin).observe(max(0.0, now - scored.completed_s))
+
+    def _settle_discards(self) -> None:
+        for discard in self.assembler.take_discards():
+            self._loop_of(discard.entry.handle).finish(discard.entry.handle)
+            self._metrics.rejected.labels(discard.reason).inc()
+
+    def _loop_of(self, record: Record) -> ConsumerLoop:
+        return self.local if record.topic == self._topics.rollouts else self.swarm
+
+    def _revoked(self, tps: list[TopicPartition]) -> None:
+        gone = set(tps)
+        ids = {e.group_id for o in ORIGINS for e in self.assembler.pool.entries(o) if e.handle.tp in gone}
+        for entry in self.assembler.forget(ids):
+            self.screen.seen.discard(entry.group_id)
+
+
+def build_core(runtime: Runtime, settings: SamplerSettings) -> SamplerCore | None:
+    """Recover the history from the batch topic, then wire the core; None if stopped meanwhile."""
+    runtime.health.require("partitions_assigned", "recovered")
+    history = read_history(
+        runtime.consumer("sampler-recovery", per_process=True),
+        runtime.topics.batches,
+        settings.node_id,
+        max_bytes=settings.max_message_bytes * (settings.local_groups + settings.external_groups),
+        idle_s=settings.recovery_idle_s,
+        timeout_s=settings.recovery_timeout_s,
+        stop=runtime.stop,
+        beat=runtime.health.beat,
+    )
+    if history is None:
+        return None
+    runtime.health.set("recovered", True)
+    return SamplerCore(
+        settings,
+        runtime.topics,
+        history=history,
+        publisher=runtime.publisher,
+        local_client=runtime.consumer("sampler"),
+        swarm_client=runtime.consumer("sampler-swarm", swarm=True),
+        metrics=SamplerMetrics(runtime.registry),
+        transport=runtime.transport,
+        health=runtime.health,
+        stop=runtime.stop,
+        dead_letters=runtime.dead_letters,
+    )

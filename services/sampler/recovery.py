@@ -1,0 +1,82 @@
+"""Start-up recovery: what the node's own batch topic says was already emitted.
+
+A restarted sampler must continue at the next sequence and must not put a group that is already in a
+batch into another one (its input offset may not have been committed before the crash). Both facts
+live in the batch topic, so it is read from the beginning by a consumer in a group of its own (no
+committed offsets: auto.offset.reset=earliest) until nothing arrived for `idle_s` after the partitions
+were assigned. The end is found by idleness, not the high watermark: the embedded broker reports a
+wrong one, and on Apache Kafka idleness is equally correct because this sampler is the topic's only
+writer and is not writing yet.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from sapo.kafka import ConsumerClient, TransportError
+from sapo.kafka.records import TopicPartition
+from sapo.lifecycle import StopFlag
+from sapo.sampler import History, HistoryBuilder
+from sapo.v1 import batch_pb2
+from sapo.wire import InvalidMessageError, decode
+
+log = logging.getLogger(__name__)
+POLL_S = 0.2
+
+
+def read_history(
+    client: ConsumerClient,
+    topic: str,
+    node_id: str,
+    *,
+    max_bytes: int,
+    idle_s: float,
+    timeout_s: float,
+    stop: StopFlag,
+    beat: Callable[[], None],
+) -> History | None:
+    """The history of `topic`; None when `stop` was set first (the caller must not consume then).
+    Raises TransportError when the topic was not assigned or not read within `timeout_s`."""
+    builder = HistoryBuilder(node_id)
+    assigned: list[TopicPartition] = []
+
+    def on_assign(tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        assigned.extend(tps)
+        return {}
+
+    client.subscribe([topic], on_assign, lambda _tps: None, lambda _tps: None)
+    started = last_read = time.monotonic()
+    try:
+        while not stop.is_set():
+            record = client.poll(POLL_S)
+            beat()
+            now = time.monotonic()
+            if now - started > timeout_s:
+                raise TransportError(
+                    f"recovery from {topic} did not finish within {timeout_s} s (assigned: {assigned}); "
+                    "check that the topic exists (`sapo topics`) or raise SAPO_SAMPLER_RECOVERY_TIMEOUT_S"
+                )
+            if not assigned or record is not None:
+                last_read = now
+            if record is None:
+                if assigned and now - last_read >= idle_s:
+                    history = builder.history()
+                    log.info(
+                        "recovered %d batches from %s: next sequence %d, next round %d, %d groups used",
+                        history.batches,
+                        topic,
+                        history.next_sequence,
+                        history.next_round,
+                        len(history.used_group_ids),
+                    )
+                    return history
+                continue
+            try:
+                builder.add(decode(batch_pb2.TrainingBatch, record.value, max_bytes))
+            except InvalidMessageError:
+                builder.add_undecodable(record.key)
+    finally:
+        client.close()
+    return None

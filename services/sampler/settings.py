@@ -1,0 +1,200 @@
+"""The sampler's settings: env prefix `SAPO_SAMPLER_`, nested with `__`.
+
+Grouped as: batch composition (I/J and how they move), round modes, trust bounds (which groups are
+usable at all), selection, memory bounds, recovery. Every cross-field rule fails at start with what to
+set, e.g. `SAPO_SAMPLER_LOCAL_GROUPS=0` and `SAPO_SAMPLER_EXTERNAL_GROUPS=0` together are refused.
+"""
+
+from __future__ import annotations
+
+from typing import Self
+
+from pydantic import Field, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from sapo.grpo.advantages import AdvantageScale
+from sapo.sampler import AssemblyConfig, Mix, MixPolicy, RoundMode, ScreenConfig, SelectionPolicy
+from sapo.settings import ServiceSettings
+from sapo.tasks.datasets import UNSAFE_VERIFIERS, is_known_dataset
+
+
+class SamplerSettings(ServiceSettings):
+    """Settings of one node's sampler (a singleton per node: it owns the batch sequence)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SAPO_SAMPLER_", frozen=True, extra="forbid", env_nested_delimiter="__"
+    )
+
+    # --- batch composition: I local + J external groups per optimizer step ---
+    local_groups: int = Field(4, ge=0, le=256, description="I: local groups per batch (paper's best: 4).")
+    external_groups: int = Field(
+        4, ge=0, le=256, description="J: external (swarm) groups per batch (paper's best: 4)."
+    )
+    mix_policy: MixPolicy = Field(
+        MixPolicy.FIXED,
+        description="fixed: always I/J. adaptive: I+J fixed, J moves within the bounds below by how many "
+        "local groups have signal and how full the external pool is (sapo.sampler.selection).",
+    )
+    adaptive_min_external: int = Field(2, ge=0, le=256, description="Adaptive: the fewest external slots.")
+    adaptive_max_external: int = Field(6, ge=0, le=512, description="Adaptive: the most external slots.")
+    max_per_source: int = Field(
+        2, ge=1, le=256, description="At most this many external groups of one peer in one batch."
+    )
+    selection: SelectionPolicy = Field(
+        SelectionPolicy.UNIFORM,
+        description="How J is chosen from the external pool: uniform (paper) or reward_guided "
+        "(weight 0.1 + the group's mean recomputed reward).",
+    )
+    seed: int = Field(
+        0,
+        ge=0,
+        le=2**63 - 1,
+        description="Seed of the per-batch choice (a restart re-makes the same choice).",
+    )
+
+    # --- round modes ---
+    round_mode: RoundMode = Field(
+        RoundMode.LOCKSTEP,
+        description="lockstep: batch r = own and swarm round-r groups (the paper; needs a swarm that "
+        "starts together). deadline: emit with what arrived by deadline_s. async: emit once I and J are in.",
+    )
+    questions_per_round: int = Field(
+        8, ge=1, le=4096, description="Lock-step: local groups the generator publishes per round."
+    )
+    expected_peers: int = Field(
+        7, ge=0, le=100_000, description="Lock-step: peers whose round-r groups close round r early."
+    )
+    lockstep_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        le=86_400,
+        description="Lock-step: longest wait for peers once the local round is in.",
+    )
+    lockstep_local_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        le=86_400,
+        description="Lock-step: longest wait for the rest of the local round after its first group "
+        "(a lost local group must not stall the node).",
+    )
+    deadline_s: float = Field(
+        30.0,
+        gt=0,
+        le=86_400,
+        description="Deadline: longest wait for J external groups once I local are in.",
+    )
+
+    # --- trust bounds ---
+    accepted_tasks: frozenset[str] | None = Field(
+        None,
+        description='Tasks this node trains on, as a JSON list (e.g. ["calendar_arithmetic"]); '
+        "unset = every task it can re-derive and verify safely.",
+    )
+    max_external_age_s: float = Field(
+        900.0, gt=0, le=30 * 86_400, description="External groups completed longer ago are refused."
+    )
+    max_policy_lag: int = Field(
+        4, ge=0, le=1_000_000, description="Local groups more policy versions behind the batch are refused."
+    )
+    advantage_scale: AdvantageScale = Field(
+        "std", description="std: (r - mean) / (std + eps) as GRPO; none: r - mean (Dr. GRPO)."
+    )
+    advantage_eps: float = Field(1e-4, ge=0, le=1.0, description="eps of the advantage denominator.")
+
+    # --- memory bounds ---
+    max_pool_groups: int = Field(
+        4096, ge=1, le=1_000_000, description="Pooled groups per origin; beyond it the oldest are evicted."
+    )
+    dedupe_capacity: int = Field(
+        200_000,
+        ge=1000,
+        le=50_000_000,
+        description="Group ids remembered for dedupe; must cover every group that can arrive within the "
+        "age and staleness bounds.",
+    )
+
+    # --- recovery from the batch topic on start ---
+    recovery_idle_s: float = Field(
+        5.0,
+        gt=0,
+        le=600,
+        description="Recovery reads the batch topic until nothing arrived for this long (longer than a "
+        "fetch wait; never relies on the high watermark).",
+    )
+    recovery_timeout_s: float = Field(
+        300.0, gt=0, le=3600, description="Give up (exit) when recovery has not finished by then."
+    )
+
+    @model_validator(mode="after")
+    def _check_composition(self) -> Self:
+        total = self.local_groups + self.external_groups
+        if total < 1:
+            raise ValueError(
+                "a batch needs at least one group: set SAPO_SAMPLER_LOCAL_GROUPS or "
+                "SAPO_SAMPLER_EXTERNAL_GROUPS to 1 or more"
+            )
+        if self.round_mode is RoundMode.LOCKSTEP and self.local_groups > self.questions_per_round:
+            raise ValueError(
+                f"lock-step takes I={self.local_groups} local groups from a round of "
+                f"{self.questions_per_round}: set SAPO_SAMPLER_LOCAL_GROUPS <= "
+                "SAPO_SAMPLER_QUESTIONS_PER_ROUND"
+            )
+        if self.mix_policy is MixPolicy.ADAPTIVE and not (
+            self.adaptive_min_external <= self.external_groups <= self.adaptive_max_external <= total
+        ):
+            raise ValueError(
+                "adaptive I/J needs ADAPTIVE_MIN_EXTERNAL <= EXTERNAL_GROUPS <= ADAPTIVE_MAX_EXTERNAL <= "
+                f"LOCAL_GROUPS + EXTERNAL_GROUPS; got {self.adaptive_min_external} <= {self.external_groups}"
+                f" <= {self.adaptive_max_external} <= {total}: set SAPO_SAMPLER_ADAPTIVE_MIN_EXTERNAL and "
+                "SAPO_SAMPLER_ADAPTIVE_MAX_EXTERNAL accordingly"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_tasks(self) -> Self:
+        if self.accepted_tasks is not None:
+            if not self.accepted_tasks:
+                raise ValueError("SAPO_SAMPLER_ACCEPTED_TASKS is empty: list a task, or unset it for all")
+            bad = sorted(t for t in self.accepted_tasks if not is_known_dataset(t) or t in UNSAFE_VERIFIERS)
+            if bad:
+                raise ValueError(
+                    f"SAPO_SAMPLER_ACCEPTED_TASKS has {bad}: not a reasoning-gym task, or one whose "
+                    "verifier would run peer text as code; remove them"
+                )
+        return self
+
+    def screen_config(self) -> ScreenConfig:
+        key = self.signing_key.get_secret_value().encode() if self.signing_key is not None else None
+        return ScreenConfig(
+            node_id=self.node_id,
+            accepted_tasks=self.accepted_tasks,
+            max_message_bytes=self.max_message_bytes,
+            max_external_age_s=self.max_external_age_s,
+            max_policy_lag=self.max_policy_lag,
+            signing_key=key,
+            advantage_scale=self.advantage_scale,
+            advantage_eps=self.advantage_eps,
+        )
+
+    def assembly_config(self) -> AssemblyConfig:
+        return AssemblyConfig(
+            mode=self.round_mode,
+            mix=Mix(
+                self.local_groups,
+                self.external_groups,
+                self.mix_policy,
+                self.adaptive_min_external,
+                self.adaptive_max_external,
+            ),
+            selection=self.selection,
+            max_per_source=self.max_per_source,
+            max_pool_groups=self.max_pool_groups,
+            max_external_age_s=self.max_external_age_s,
+            max_policy_lag=self.max_policy_lag,
+            questions_per_round=self.questions_per_round,
+            expected_peers=self.expected_peers,
+            lockstep_timeout_s=self.lockstep_timeout_s,
+            lockstep_local_timeout_s=self.lockstep_local_timeout_s,
+            deadline_s=self.deadline_s,
+            seed=self.seed,
+        )

@@ -1,0 +1,197 @@
+"""Round modes on a fake clock: lock-step rounds and timeouts, deadline fill-in, async, expiry, bounds."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from sapo.sampler import Assembler, AssemblyConfig, Mix, RoundMode, SelectionPolicy, make_assembler
+from sapo.sampler.assembler import LOCKSTEP_WINDOW
+from tests.unit.sampler.builders import scored
+
+pytestmark = pytest.mark.unit
+
+T0 = 1000.0
+
+
+def _config(mode: RoundMode, **overrides: object) -> AssemblyConfig:
+    base: dict[str, object] = {
+        "mode": mode,
+        "mix": Mix(2, 2),
+        "selection": SelectionPolicy.UNIFORM,
+        "max_per_source": 1,
+        "max_pool_groups": 64,
+        "max_external_age_s": 600.0,
+        "max_policy_lag": 4,
+        "questions_per_round": 3,
+        "expected_peers": 2,
+        "lockstep_timeout_s": 10.0,
+        "lockstep_local_timeout_s": 100.0,
+        "deadline_s": 5.0,
+    }
+    return AssemblyConfig(**(base | overrides))  # type: ignore[arg-type]
+
+
+class Feed:
+    """Feeds groups the way the core does: arrival first, then the pool (signal-free groups arrive
+    but are never pooled)."""
+
+    def __init__(self, assembler: Assembler[str]) -> None:
+        self.assembler = assembler
+        self.count = 0
+
+    def group(
+        self, origin: str, peer: str, now: float, *, round_: int = 0, signal: bool = True, **kw: object
+    ) -> str | None:
+        self.count += 1
+        s = scored(origin, peer, round_=round_, completed_s=now, **kw)  # type: ignore[arg-type]
+        self.assembler.arrived(s.group, s.origin, now)
+        if not signal:
+            return "no_signal"
+        return self.assembler.add(s, f"{origin}-{self.count}", now)
+
+
+def test_async_waits_for_i_local_and_j_external_under_the_quota() -> None:
+    feed = Feed(make_assembler(_config(RoundMode.ASYNC)))
+    for _ in range(3):
+        feed.group("local", "node-0", T0)
+    feed.group("external", "peer-1", T0)
+    feed.group("external", "peer-1", T0)  # same peer: the quota of 1 lets one of these in a batch
+    assert feed.assembler.next_batch(T0 + 1, 0) is None
+    feed.group("external", "peer-2", T0)
+    batch = feed.assembler.next_batch(T0 + 1, 0)
+    assert batch is not None
+    assert [e.handle for e in batch.local] == ["local-1", "local-2"]  # oldest local first
+    assert sorted(e.scored.peer for e in batch.external) == ["peer-1", "peer-2"]
+    assert feed.assembler.pool.count("local") == 1
+    assert feed.assembler.pool.count("external") == 1
+    assert feed.assembler.next_batch(T0 + 1, 1) is None
+
+
+def test_deadline_fills_missing_external_slots_from_local() -> None:
+    feed = Feed(make_assembler(_config(RoundMode.DEADLINE)))
+    for _ in range(5):
+        feed.group("local", "node-0", T0)
+    feed.group("external", "peer-1", T0)
+    assert feed.assembler.next_batch(T0, 0) is None  # I local are in: the deadline starts now
+    assert feed.assembler.next_batch(T0 + 4.9, 0) is None
+    batch = feed.assembler.next_batch(T0 + 5.0, 0)
+    assert batch is not None
+    assert (len(batch.local), len(batch.external)) == (3, 1)
+    # The next batch has only 2 local: its deadline starts afresh.
+    assert feed.assembler.next_batch(T0 + 5.1, 1) is None
+    assert feed.assembler.next_batch(T0 + 10.2, 1) is not None
+
+
+def test_streaming_expires_old_external_and_stale_local_groups() -> None:
+    assembler: Assembler[str] = make_assembler(_config(RoundMode.ASYNC))
+    feed = Feed(assembler)
+    feed.group("local", "node-0", T0, policy_version=0)
+    feed.group("local", "node-0", T0, policy_version=3)
+    feed.group("external", "peer-1", T0 - 700)
+    assert assembler.next_batch(T0, 5) is None
+    reasons = Counter((d.entry.handle, d.reason) for d in assembler.take_discards())
+    assert reasons == Counter({("local-1", "expired"): 1, ("external-3", "expired"): 1})
+    assert assembler.pool.count("local") == 1
+
+
+def test_pool_bound_evicts_the_oldest() -> None:
+    assembler: Assembler[str] = make_assembler(_config(RoundMode.ASYNC, max_pool_groups=2))
+    feed = Feed(assembler)
+    for i in range(3):
+        feed.group("external", f"peer-{i}", T0)
+    assert [(d.entry.handle, d.reason) for d in assembler.take_discards()] == [("external-1", "evicted")]
+
+
+def _lockstep(**overrides: object) -> Feed:
+    return Feed(make_assembler(_config(RoundMode.LOCKSTEP, **overrides)))
+
+
+def test_lockstep_closes_a_round_when_local_and_peers_are_in() -> None:
+    feed = _lockstep()
+    feed.group("external", "peer-1", T0, round_=0)
+    feed.group("external", "peer-1", T0, round_=1)  # a later round waits in the pool
+    for _ in range(2):
+        feed.group("local", "node-0", T0, round_=0)
+    feed.group("local", "node-0", T0, round_=0, signal=False)  # arrived: counts toward the round
+    assert feed.assembler.next_batch(T0, 0) is None  # only 1 of 2 peers so far
+    feed.group("external", "peer-2", T0, round_=0)
+    batch = feed.assembler.next_batch(T0, 0)
+    assert batch is not None
+    assert batch.round == 0
+    assert (len(batch.local), len(batch.external)) == (2, 2)
+    assert all(e.scored.round == 0 for e in batch.entries)
+    assert feed.assembler.pool.count("external") == 1  # round 1's group
+    assert feed.group("local", "node-0", T0, round_=0) == "late_round"
+
+
+def test_lockstep_waits_for_peers_only_until_the_timeout_and_discards_the_unused() -> None:
+    feed = _lockstep(max_per_source=1)
+    for _ in range(3):
+        feed.group("local", "node-0", T0 + 1, round_=0)
+    feed.group("external", "peer-1", T0, round_=0)
+    feed.group("external", "peer-1", T0, round_=0)
+    assert feed.assembler.next_batch(T0 + 10.9, 0) is None
+    batch = feed.assembler.next_batch(T0 + 11.0, 0)
+    assert batch is not None
+    assert (len(batch.local), len(batch.external)) == (2, 1)
+    unused = feed.assembler.take_discards()
+    assert sorted(d.entry.scored.origin for d in unused) == ["external", "local"]
+    assert {d.reason for d in unused} == {"unused"}
+    assert feed.assembler.pool.count("local") + feed.assembler.pool.count("external") == 0
+
+
+def test_lockstep_emits_an_empty_batch_when_nothing_had_signal() -> None:
+    feed = _lockstep(expected_peers=0)
+    for _ in range(3):
+        feed.group("local", "node-0", T0, round_=0, signal=False)
+    batch = feed.assembler.next_batch(T0, 0)
+    assert batch is not None
+    assert batch.round == 0
+    assert batch.entries == []
+
+
+def test_lockstep_does_not_stall_on_a_lost_local_group() -> None:
+    feed = _lockstep(expected_peers=0)
+    feed.group("local", "node-0", T0, round_=0)
+    feed.group("local", "node-0", T0, round_=0)
+    assert feed.assembler.next_batch(T0 + 99, 0) is None
+    batch = feed.assembler.next_batch(T0 + 100, 0)
+    assert batch is not None
+    assert len(batch.local) == 2
+
+
+def test_lockstep_follows_the_generator_past_missing_rounds_but_never_back() -> None:
+    feed = _lockstep(expected_peers=0)
+    feed.group("external", "peer-1", T0, round_=1)
+    for _ in range(3):
+        feed.group("local", "node-0", T0, round_=4)
+    batch = feed.assembler.next_batch(T0, 0)
+    assert batch is not None
+    assert batch.round == 4
+    unused = Counter((d.entry.scored.round, d.reason) for d in feed.assembler.take_discards())
+    assert unused == Counter({(1, "unused"): 1, (4, "unused"): 1})  # round 1's group, round 4's third
+    assert feed.group("external", "peer-1", T0, round_=3) == "late_round"
+    assert feed.group("external", "peer-1", T0, round_=5 + LOCKSTEP_WINDOW) == "future_round"
+
+
+def test_lockstep_without_external_slots_never_waits_for_peers() -> None:
+    feed = _lockstep(mix=Mix(3, 0), expected_peers=5)
+    for _ in range(3):
+        feed.group("local", "node-0", T0, round_=0)
+    batch = feed.assembler.next_batch(T0, 0)
+    assert batch is not None
+    assert len(batch.local) == 3
+
+
+def test_the_choice_is_reproducible_per_sequence() -> None:
+    def choose() -> list[str]:
+        feed = _lockstep(questions_per_round=6, expected_peers=0, mix=Mix(3, 0))
+        for _ in range(6):
+            feed.group("local", "node-0", T0, round_=0)
+        batch = feed.assembler.next_batch(T0, 7)
+        assert batch is not None
+        return [e.handle for e in batch.local]
+
+    assert choose() == choose()

@@ -1,0 +1,61 @@
+"""Sampler settings: env names, defaults, and cross-field errors that say what to set."""
+
+from __future__ import annotations
+
+import pytest
+
+from sapo.sampler import MixPolicy, RoundMode, SelectionPolicy
+from sapo.settings import ConfigError, load_settings
+from services.sampler.settings import SamplerSettings
+
+pytestmark = pytest.mark.unit
+
+
+def test_env_names_and_nested_consumer_profile(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SAPO_SAMPLER_NODE_ID", "node-3")
+    monkeypatch.setenv("SAPO_SAMPLER_ROUND_MODE", "async")
+    monkeypatch.setenv("SAPO_SAMPLER_SELECTION", "reward_guided")
+    monkeypatch.setenv("SAPO_SAMPLER_ACCEPTED_TASKS", '["calendar_arithmetic", "basic_arithmetic"]')
+    monkeypatch.setenv("SAPO_SAMPLER_CONSUMER__SESSION_TIMEOUT_MS", "6000")
+    s = load_settings(SamplerSettings)
+    assert (s.node_id, s.round_mode) == ("node-3", RoundMode.ASYNC)
+    assert s.selection is SelectionPolicy.REWARD_GUIDED
+    assert s.accepted_tasks == frozenset({"calendar_arithmetic", "basic_arithmetic"})
+    assert s.consumer.session_timeout_ms == 6000
+    assembly = s.assembly_config()
+    assert (assembly.mix.local, assembly.mix.external) == (4, 4)
+    assert s.screen_config().signing_key is None
+
+
+def test_defaults_reproduce_the_papers_best_swarm() -> None:
+    s = SamplerSettings(node_id="n")
+    assert (s.round_mode, s.local_groups, s.external_groups, s.selection) == (
+        RoundMode.LOCKSTEP,
+        4,
+        4,
+        SelectionPolicy.UNIFORM,
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        ({"local_groups": 0, "external_groups": 0}, "SAPO_SAMPLER_LOCAL_GROUPS"),
+        ({"local_groups": 9, "questions_per_round": 8}, "SAPO_SAMPLER_QUESTIONS_PER_ROUND"),
+        (
+            {"mix_policy": MixPolicy.ADAPTIVE, "adaptive_max_external": 9},
+            "SAPO_SAMPLER_ADAPTIVE_MAX_EXTERNAL",
+        ),
+        ({"accepted_tasks": ["calendar_arithmetic", "countdown"]}, "countdown"),
+        ({"accepted_tasks": ["no_such_task"]}, "no_such_task"),
+        ({"max_per_source": 0}, "SAPO_SAMPLER_MAX_PER_SOURCE"),
+    ],
+)
+def test_invalid_combinations_say_what_to_set(overrides: dict[str, object], says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        load_settings(SamplerSettings, node_id="n", **overrides)
+
+
+def test_signing_key_reaches_the_filters_as_bytes() -> None:
+    s = SamplerSettings(node_id="n", signing_key="k")
+    assert s.screen_config().signing_key == b"k"
