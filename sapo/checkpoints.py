@@ -30,7 +30,14 @@ _VERSION_PREFIX = "v"
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint that is missing, incomplete or does not match its recorded digests."""
+    """A checkpoint that is missing, incomplete or does not match its recorded digests.
+
+    `reason` is a bounded label for metrics: digest_mismatch, missing, malformed, unsupported, exists.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -81,7 +88,7 @@ class Manifest:
                 meta=body.get("meta", {}),
             )
         except (ValueError, KeyError, TypeError) as exc:
-            raise CheckpointError(f"malformed manifest: {exc}") from None
+            raise CheckpointError("malformed", f"malformed manifest: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -152,7 +159,7 @@ class CheckpointStore:
         """Write weights (+ extra files such as trainer state) as one atomic version directory."""
         final = self.node_dir(node_id) / f"{_VERSION_PREFIX}{version:08d}"
         if final.exists():
-            raise CheckpointError(f"version {version} of {node_id} already exists at {final}")
+            raise CheckpointError("exists", f"version {version} of {node_id} already exists at {final}")
         tmp = self.node_dir(node_id) / f".tmp-{uuid.uuid4().hex}"
         tmp.mkdir(parents=True)
         try:
@@ -212,7 +219,9 @@ def _fsync_dir(path: Path) -> None:
 def manifest_path(uri: str) -> Path:
     parsed = urlparse(uri)
     if parsed.scheme not in ("file", ""):
-        raise CheckpointError(f"unsupported checkpoint URI scheme {parsed.scheme!r} in {uri}; use file://")
+        raise CheckpointError(
+            "unsupported", f"unsupported checkpoint URI scheme {parsed.scheme!r} in {uri}; use file://"
+        )
     return Path(unquote(parsed.path))
 
 
@@ -222,20 +231,24 @@ def read_manifest(uri: str, expected_sha256: str) -> tuple[Manifest, Path]:
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise CheckpointError(f"cannot read manifest {uri}: {exc}") from None
+        raise CheckpointError("missing", f"cannot read manifest {uri}: {exc}") from None
     got = hashlib.sha256(data).hexdigest()
     if got != expected_sha256:
-        raise CheckpointError(f"manifest digest mismatch for {uri}: {got} != {expected_sha256}")
+        raise CheckpointError(
+            "digest_mismatch", f"manifest digest mismatch for {uri}: {got} != {expected_sha256}"
+        )
     return Manifest.from_json(data), path.parent
 
 
 def _verified(directory: Path, entry: FileEntry) -> Path:
     path = directory / entry.name
     if not path.is_file():
-        raise CheckpointError(f"checkpoint file missing: {path}")
+        raise CheckpointError("missing", f"checkpoint file missing: {path}")
     got = sha256_file(path)
     if got != entry.sha256:
-        raise CheckpointError(f"checkpoint file corrupt: {path} sha256 {got} != {entry.sha256}")
+        raise CheckpointError(
+            "digest_mismatch", f"checkpoint file corrupt: {path} sha256 {got} != {entry.sha256}"
+        )
     return path
 
 
@@ -250,5 +263,5 @@ def load_weights(manifest: Manifest, directory: Path) -> dict[str, torch.Tensor]
 def load_extra(manifest: Manifest, directory: Path, name: str) -> bytes:
     entry = next((e for e in manifest.extras if e.name == name), None)
     if entry is None:
-        raise CheckpointError(f"checkpoint v{manifest.version} has no {name}")
+        raise CheckpointError("missing", f"checkpoint v{manifest.version} has no {name}")
     return _verified(directory, entry).read_bytes()

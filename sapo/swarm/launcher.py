@@ -146,6 +146,8 @@ class Swarm:
         env |= self._common_env(node, service, port)
         env |= flatten_env(service, service_values(node, service, self.run_dir))
         env["PYTHONUNBUFFERED"] = "1"
+        # Many processes share few cores: torch's default thread pool per process oversubscribes them.
+        env.setdefault("OMP_NUM_THREADS", "1")
         log_path = self.run_dir / "logs" / f"{node.id}-{service}.log"
         with log_path.open("ab") as log:
             proc = subprocess.Popen(

@@ -1,0 +1,294 @@
+"""Sampling with Hugging Face transformers (the CPU path): B prompts x L completions in one ``generate``.
+
+How a batch is laid out and read back:
+
+- Prompts are left-padded to a common width, so every row's next token comes from the last column.
+  ``generate`` derives position ids from the attention mask, so each completion token is
+  produced at the same position it would have in the unpadded prompt; the trainer re-lays sequences
+  out without padding and gets the same logits.
+- ``num_return_sequences=L`` expands the batch to B*L rows; row ``r`` belongs to prompt ``r // L``.
+- Behaviour logprobs: a logits processor placed ahead of the temperature / top-k / top-p warpers sees
+  the raw logits of each step and keeps ``logits / T`` with its log-normaliser; a stopping criterion,
+  which ``generate`` calls right after the sampled token is appended, gathers the chosen token's
+  ``log_softmax(logits / T)``. Only one step of full-vocabulary logits is alive at a time (storing them
+  all with ``output_logits`` would hold B*L*T*V floats: ~0.8 GB for 8x8 prompts and 64 tokens).
+  See :mod:`sapo.generation.base` for why truncation is not reflected in the logprob.
+- The same criterion records, per row, the step at which it first produced an EOS token or completed a
+  stop string (matched on the generated tokens only, never across the prompt boundary). The completion
+  is cut right after that token; everything ``generate`` appended later (padding) is dropped. Rows that
+  never stopped end with ``finish_reason="length"``.
+- The backend replaces the model's ``generation_config`` by one holding only the special token ids, so
+  sampling defaults shipped with a checkpoint (repetition penalty, min-p, top-k 50, ...) can never
+  change the distribution behind the recorded logprobs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+from safetensors.torch import load_file
+from transformers import (
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    StoppingCriteria,
+    StoppingCriteriaList,
+    StopStringCriteria,
+)
+
+from sapo.generation.base import Sample, SamplingConfig, WeightsSource, weight_files
+from sapo.models.loading import load_model
+
+log = logging.getLogger(__name__)
+
+
+class _TemperedLogits(LogitsProcessor):
+    """Keeps the current step's ``logits / T`` and log-normaliser; leaves the scores untouched."""
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature = temperature
+        self.tempered: torch.Tensor | None = None
+        self.log_norm: torch.Tensor | None = None
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        self.tempered = scores / self.temperature
+        self.log_norm = torch.logsumexp(self.tempered, dim=-1)
+        return scores
+
+    def logprob_of(self, chosen: torch.Tensor) -> torch.Tensor:
+        """``log_softmax(logits / T)`` of the chosen token in each row."""
+        if self.tempered is None or self.log_norm is None:
+            raise RuntimeError("no logits recorded for this step")
+        return self.tempered.gather(1, chosen[:, None]).squeeze(1) - self.log_norm
+
+
+class _CompletionTracker(StoppingCriteria):
+    """Gathers each sampled token's logprob and records where each row first stopped."""
+
+    def __init__(
+        self,
+        logits: _TemperedLogits,
+        prompt_width: int,
+        eos_ids: torch.Tensor,
+        stop_strings: StopStringCriteria | None,
+        rows: int,
+    ) -> None:
+        self.logits = logits
+        self.prompt_width = prompt_width
+        self.eos_ids = eos_ids
+        self.stop_strings = stop_strings
+        self.step_logprobs: list[torch.Tensor] = []
+        # Completion length (stop token included) of rows that stopped; 0 while a row is running.
+        self.ends = torch.zeros(rows, dtype=torch.long, device=eos_ids.device)
+
+    def __call__(
+        self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: object
+    ) -> torch.BoolTensor:
+        chosen = input_ids[:, -1]
+        self.step_logprobs.append(self.logits.logprob_of(chosen).float())
+        done = torch.isin(chosen, self.eos_ids)
+        if self.stop_strings is not None:
+            done = done | self.stop_strings(input_ids[:, self.prompt_width :], scores)
+        self.ends[done & (self.ends == 0)] = input_ids.shape[1] - self.prompt_width
+        return done  # type: ignore[return-value]
+
+
+def left_pad(
+    prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask)`` with every prompt right-aligned."""
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        input_ids[row, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
+        mask[row, width - len(prompt) :] = 1
+    return input_ids.to(device), mask.to(device)
+
+
+def _read_weights(weights: WeightsSource) -> Mapping[str, torch.Tensor]:
+    """A state dict from memory, a ``.safetensors`` file, or every ``*.safetensors`` in a directory."""
+    if isinstance(weights, Mapping):
+        return weights
+    state: dict[str, torch.Tensor] = {}
+    for file in weight_files(Path(weights)):
+        state.update(load_file(str(file)))
+    return state
+
+
+def _check_keys(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Reject a state dict that does not cover the model exactly (tied copies may be omitted)."""
+    named = dict(model.named_parameters(remove_duplicate=False))
+    expected = set(model.state_dict())
+    unexpected = sorted(set(state) - expected)
+    covered = {id(named[k]) for k in state if k in named}
+    missing = sorted(k for k in expected - set(state) if k not in named or id(named[k]) not in covered)
+    if unexpected or missing:
+        raise ValueError(
+            f"weights do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+
+
+def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """End-of-sequence ids: the checkpoint's generation config plus the tokenizer's EOS token."""
+    configured = model.generation_config.eos_token_id
+    ids = set(configured if isinstance(configured, list) else [configured] if configured is not None else [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    if not ids:
+        raise ValueError("neither the model nor the tokenizer defines an EOS token")
+    return sorted(ids)
+
+
+class TransformersBackend:
+    """:class:`~sapo.generation.base.GenerationBackend` over a transformers causal LM.
+
+    The backend owns ``model``: it puts it in eval mode and replaces its ``generation_config``.
+    ``eos_token_ids`` overrides the end-of-sequence ids (default: generation config + tokenizer EOS).
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        eos_token_ids: Sequence[int] | None = None,
+        model_version: int = 0,
+    ) -> None:
+        model.eval()  # type: ignore[no-untyped-call]
+        self._model = model
+        self._tokenizer = tokenizer
+        self._eos_ids = list(eos_token_ids) if eos_token_ids is not None else _eos_ids(model, tokenizer)
+        pad = tokenizer.pad_token_id
+        self._pad_id: int = pad if pad is not None else self._eos_ids[0]
+        self._model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call]
+            bos_token_id=tokenizer.bos_token_id, eos_token_id=self._eos_ids, pad_token_id=self._pad_id
+        )
+        self._version = model_version
+        self._stop_criteria: dict[tuple[str, ...], StopStringCriteria] = {}
+
+    @classmethod
+    def from_model_ref(
+        cls, model_ref: str, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+    ) -> TransformersBackend:
+        """Load a model reference (see :func:`sapo.models.load_model` for the dtype trade-off)."""
+        model, tokenizer = load_model(model_ref, dtype=dtype, device=device)
+        return cls(model, tokenizer)
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        return self._tokenizer
+
+    @property
+    def model(self) -> PreTrainedModel:
+        """The underlying model (shared, not a copy)."""
+        return self._model
+
+    @property
+    def model_version(self) -> int:
+        return self._version
+
+    def load_weights(self, weights: WeightsSource, version: int) -> None:
+        """Copy new weights into the model in place (dtype converted), checking keys first."""
+        state = _read_weights(weights)
+        _check_keys(self._model, state)
+        self._model.load_state_dict(state, strict=False)
+        self._version = version
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingConfig) -> list[list[Sample]]:
+        if not prompts:
+            return []
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        device = self._model.device
+        input_ids, mask = left_pad(prompts, self._pad_id, device)
+        rows = len(prompts) * params.num_samples
+        logits = _TemperedLogits(params.temperature)
+        tracker = _CompletionTracker(
+            logits,
+            input_ids.shape[1],
+            torch.tensor(self._eos_ids, device=device),
+            self._stop_for(params),
+            rows,
+        )
+        try:
+            with _seeded(params.seed, device):
+                # PreTrainedModel has no generate(); *ForCausalLM classes mix it in (result checked below).
+                sequences = cast(Any, self._model).generate(
+                    input_ids=input_ids,
+                    attention_mask=mask,
+                    generation_config=self._generation_config(params),
+                    logits_processor=LogitsProcessorList([logits]),
+                    stopping_criteria=StoppingCriteriaList([tracker]),
+                )
+        except RuntimeError as exc:  # NaN/inf probabilities from diverged weights, out of memory
+            log.warning("generation failed for a batch of %d prompts", len(prompts), exc_info=True)
+            failed = Sample.failed(f"{type(exc).__name__}: {exc}")
+            return [[failed] * params.num_samples for _ in prompts]
+        if not isinstance(sequences, torch.Tensor):
+            raise TypeError(f"generate returned {type(sequences).__name__}, expected a tensor of token ids")
+        return self._unpack(sequences[:, input_ids.shape[1] :], tracker, params.num_samples)
+
+    def _generation_config(self, params: SamplingConfig) -> GenerationConfig:
+        """Every sampling knob explicit: ``generate`` fills unset ones with defaults such as top-k 50."""
+        return GenerationConfig(  # type: ignore[no-untyped-call]
+            do_sample=True,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            max_new_tokens=params.max_new_tokens,
+            num_return_sequences=params.num_samples,
+            eos_token_id=self._eos_ids,
+            pad_token_id=self._pad_id,
+            bos_token_id=self._tokenizer.bos_token_id,
+        )
+
+    def _stop_for(self, params: SamplingConfig) -> StopStringCriteria | None:
+        """Stop-string matcher, cached per stop tuple (building one scans the vocabulary, ~0.3 s)."""
+        if not params.stop:
+            return None
+        if params.stop not in self._stop_criteria:
+            self._stop_criteria[params.stop] = StopStringCriteria(
+                tokenizer=self._tokenizer, stop_strings=list(params.stop)
+            )
+        return self._stop_criteria[params.stop]
+
+    def _unpack(
+        self, generated: torch.Tensor, tracker: _CompletionTracker, per_prompt: int
+    ) -> list[list[Sample]]:
+        """Cut each row after its stop token and group rows by prompt."""
+        logprobs = torch.stack(tracker.step_logprobs, dim=1).tolist()
+        token_rows = generated.tolist()
+        ends = tracker.ends.tolist()
+        lengths = [end or len(row) for end, row in zip(ends, token_rows, strict=True)]
+        kept = [row[:n] for row, n in zip(token_rows, lengths, strict=True)]
+        texts = self._tokenizer.batch_decode(kept, skip_special_tokens=True)
+        samples = [
+            Sample(
+                text=text,
+                token_ids=tuple(tokens),
+                logprobs=tuple(row_logprobs[: len(tokens)]),
+                finish_reason="stop" if end else "length",
+            )
+            for text, tokens, row_logprobs, end in zip(texts, kept, logprobs, ends, strict=True)
+        ]
+        return [samples[i : i + per_prompt] for i in range(0, len(samples), per_prompt)]
+
+
+@contextlib.contextmanager
+def _seeded(seed: int | None, device: torch.device) -> Iterator[None]:
+    """Seed torch's RNG for the block and restore the previous state afterwards (no global side effect)."""
+    if seed is None:
+        yield
+        return
+    devices = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield

@@ -1,0 +1,33 @@
+"""Pure helpers of the generator service: round pacing, group building and sharing policies.
+
+No Kafka here: `services.generator` wires these to the transport, the model backend and the metrics.
+- `pacing`: which policy version a round may be generated with (lockstep / async with bounded staleness).
+- `groups`: a round's questions and prompts, and RolloutGroups built from sampled completions.
+- `sharing`: which groups go to the swarm topic.
+"""
+
+from sapo.generator.groups import (
+    BatchContext,
+    RoundPrompt,
+    build_group,
+    encode_prompt,
+    plan_round,
+    round_seed,
+    to_completion,
+)
+from sapo.generator.pacing import Pacing, RoundMode
+from sapo.generator.sharing import SharingPolicy, should_share
+
+__all__ = [
+    "BatchContext",
+    "Pacing",
+    "RoundMode",
+    "RoundPrompt",
+    "SharingPolicy",
+    "build_group",
+    "encode_prompt",
+    "plan_round",
+    "round_seed",
+    "should_share",
+    "to_completion",
+]

@@ -1,0 +1,129 @@
+"""Building rollout groups C(q) = (q, y_q, R(q), M) from one round's questions and sampled completions.
+
+A round is a pure function of (task stream, round number, batch size): question i of round r is stream
+position r * B + i, and the sampling seed is derived from (node seed, r). A restarted generator therefore
+regenerates the same questions with the same seed; given the same weights, the same completions.
+
+Failed generations keep `FINISH_REASON_ERROR` and carry no reward: scoring them 0 would teach the policy
+that whatever produced the error was a wrong answer.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from google.protobuf.timestamp_pb2 import Timestamp
+from transformers import PreTrainedTokenizerBase
+
+from sapo.convert import question_to_proto
+from sapo.generation import FinishReason, Sample, SamplingConfig
+from sapo.tasks import QuestionRecord, TaskStream, render_prompt, score
+from sapo.tasks.seeds import stable_hash
+from sapo.v1 import rollout_pb2
+from sapo.wire import SCHEMA_VERSION, now_timestamp
+
+FINISH_TO_WIRE: dict[FinishReason, rollout_pb2.FinishReason] = {
+    "stop": rollout_pb2.FINISH_REASON_STOP,
+    "length": rollout_pb2.FINISH_REASON_LENGTH,
+    "error": rollout_pb2.FINISH_REASON_ERROR,
+}
+
+
+@dataclass(frozen=True)
+class RoundPrompt:
+    """One question of a round and its prompt token ids, exactly as fed to the model."""
+
+    record: QuestionRecord
+    prompt_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class BatchContext:
+    """What every group of one backend call shares: producer, policy, sampling and timing."""
+
+    node_id: str
+    model_id: str
+    tokenizer_fingerprint: str
+    policy_version: int
+    round: int
+    sampling: SamplingConfig
+    created_at: Timestamp
+    generate_seconds: float
+    """Wall time of the whole batched call: the groups were generated together, not one by one."""
+
+
+def round_seed(node_seed: int, round_: int) -> int:
+    """The sampling seed of round `round_` on a node: reproducible, different per node and round."""
+    return stable_hash("sampling", node_seed, round_) % 2**63
+
+
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> tuple[int, ...]:
+    """Token ids of a rendered prompt.
+
+    A chat template already writes every special token the model expects (BOS included where it has
+    one), so letting the tokenizer add its own would double them; a template-free prompt
+    (`render_plain`) gets the tokenizer's usual special tokens instead.
+    """
+    ids = tokenizer.encode(text, add_special_tokens=tokenizer.chat_template is None)
+    return tuple(int(i) for i in ids)
+
+
+def plan_round(
+    tokenizer: PreTrainedTokenizerBase, stream: TaskStream, round_: int, per_round: int
+) -> list[RoundPrompt]:
+    """The `per_round` questions of round `round_` (stream positions round_ * per_round + i) and prompts."""
+    records = [stream.record_at(round_ * per_round + i) for i in range(per_round)]
+    return [RoundPrompt(r, encode_prompt(tokenizer, render_prompt(tokenizer, r))) for r in records]
+
+
+def sampling_params(config: SamplingConfig) -> rollout_pb2.SamplingParams:
+    return rollout_pb2.SamplingParams(
+        temperature=config.temperature,
+        top_p=config.top_p,
+        top_k=config.top_k,
+        max_new_tokens=config.max_new_tokens,
+        seed=config.seed or 0,
+        stop=list(config.stop),
+    )
+
+
+def to_completion(sample: Sample, record: QuestionRecord) -> rollout_pb2.Completion:
+    """The wire completion of a sample, scored by the local verifier unless its generation failed.
+
+    The prompt ends in the pre-filled "<answer>", so the text is scored with `prefilled=True`.
+    """
+    completion = rollout_pb2.Completion(
+        text=sample.text,
+        token_ids=list(sample.token_ids),
+        logprobs=list(sample.logprobs),
+        finish_reason=FINISH_TO_WIRE[sample.finish_reason],
+        error=sample.error,
+    )
+    if sample.finish_reason != "error":
+        completion.reward = score(record, sample.text, prefilled=True)
+    return completion
+
+
+def build_group(
+    prompt: RoundPrompt, samples: Sequence[Sample], ctx: BatchContext
+) -> rollout_pb2.RolloutGroup:
+    """One RolloutGroup with a fresh UUID: regenerating a round yields new groups, never duplicates."""
+    completions = [to_completion(s, prompt.record) for s in samples]
+    return rollout_pb2.RolloutGroup(
+        schema_version=SCHEMA_VERSION,
+        group_id=str(uuid.uuid4()),
+        node_id=ctx.node_id,
+        question=question_to_proto(prompt.record),
+        completions=completions,
+        model_id=ctx.model_id,
+        tokenizer_fingerprint=ctx.tokenizer_fingerprint,
+        policy_version=ctx.policy_version,
+        sampling=sampling_params(ctx.sampling),
+        created_at=ctx.created_at,
+        completed_at=now_timestamp(),
+        round=ctx.round,
+        prompt_token_ids=list(prompt.prompt_ids),
+        generate_seconds=ctx.generate_seconds,
+    )

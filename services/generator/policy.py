@@ -1,0 +1,202 @@
+"""Following the node's compacted policy topic and hot-swapping verified weights into the backend.
+
+The generator reads `sapo.node.<id>.policy` with a consumer group of its own (one per process), so every
+replica sees the whole topic from the beginning; offsets are irrelevant to correctness. Updates are only
+noted while records are read; the newest one is loaded after the read, between rounds, so a burst of
+versions that arrived during a long round costs one load, not one per version.
+
+A version is loaded only after its manifest matches the announced sha256 and every shard matches the
+manifest (`sapo.checkpoints`), and only if every tensor fits the model. Any failure leaves the old
+weights in place, is counted by reason and logged, and turns readiness (`weights_ok`) false until a good
+version loads. A rejected version is not retried: checkpoints are immutable, so only a newer
+announcement can fix it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+
+import torch
+from safetensors import SafetensorError
+
+from sapo.checkpoints import CheckpointError, load_weights, read_manifest
+from sapo.generation import GenerationBackend
+from sapo.kafka import ConsumerClient, ConsumerLoop, DeadLetters, Disposition, Record, TransportMetrics
+from sapo.lifecycle import StopFlag
+from sapo.ops import Health
+from sapo.v1 import policy_pb2
+from sapo.wire import InvalidMessageError, decode, validate_policy_update
+from services.generator.metrics import GeneratorMetrics
+
+log = logging.getLogger(__name__)
+
+WEIGHTS_OK = "weights_ok"
+_MAX_DRAIN = 1000
+_WARN_EVERY_S = 30.0
+
+
+class IncompatibleWeightsError(ValueError):
+    """Weights that do not fit the running model (other architecture or size)."""
+
+
+def failure_reason(exc: Exception) -> str:
+    """A bounded metric label for a failed load (see `metrics.LOAD_FAILURE_REASONS`)."""
+    if isinstance(exc, CheckpointError):
+        return exc.reason if exc.reason in ("digest_mismatch", "missing", "malformed") else "checkpoint"
+    if isinstance(exc, SafetensorError):
+        return "malformed"
+    if isinstance(exc, OSError):
+        return "missing"
+    return "incompatible"  # ValueError / RuntimeError from the shape check or the backend
+
+
+def check_shapes(state: Mapping[str, torch.Tensor], shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """Refuse a state dict with a tensor the model lacks or shaped differently, before any is copied:
+    `load_state_dict` copies the fitting tensors before it reports the others, leaving a hybrid model."""
+    for name, tensor in state.items():
+        expected = shapes.get(name)
+        if expected is None or tuple(tensor.shape) != expected:
+            raise IncompatibleWeightsError(
+                f"tensor {name} has shape {tuple(tensor.shape)}, the model expects {expected}"
+            )
+
+
+class PolicyFollower:
+    """Reads PolicyUpdates with a `ConsumerLoop` driven by `step()`, and loads the newest one."""
+
+    def __init__(
+        self,
+        client: ConsumerClient,
+        *,
+        topic: str,
+        node_id: str,
+        backend: GenerationBackend,
+        metrics: GeneratorMetrics,
+        transport: TransportMetrics,
+        health: Health,
+        stop: StopFlag,
+        max_message_bytes: int,
+        catchup_idle_s: float,
+        dead_letters: DeadLetters | None = None,
+        shapes: Mapping[str, tuple[int, ...]] | None = None,
+        poll_timeout_s: float = 0.2,
+    ) -> None:
+        self._loop = ConsumerLoop(
+            client,
+            [topic],
+            self._handle,
+            stop=stop,
+            metrics=transport,
+            dead_letters=dead_letters,
+            stream_of=lambda _topic: "policy",
+            poll_timeout_s=poll_timeout_s,
+        )
+        self._topic = topic
+        self._node_id = node_id
+        self._backend = backend
+        self._metrics = metrics
+        self._health = health
+        self._stop = stop
+        self._max_bytes = max_message_bytes
+        self._catchup_idle_s = catchup_idle_s
+        self._shapes = shapes
+        self._pending: policy_pb2.PolicyUpdate | None = None
+        self.announced = backend.model_version
+        """Newest version announced for this node, loaded or not."""
+        health.require(WEIGHTS_OK)
+        metrics.policy_version.set(backend.model_version)
+
+    @property
+    def loaded(self) -> int:
+        return self._backend.model_version
+
+    def open(self) -> None:
+        self._loop.open()
+
+    def close(self) -> None:
+        self._loop.close()
+
+    def catch_up(self) -> bool:
+        """Read the topic from the beginning and load its newest version; False if stopped first.
+
+        "Caught up" = assigned, then nothing new for `catchup_idle_s` (watermarks are not trusted).
+        """
+        idle_since = warned = time.monotonic()
+        while not self._stop.is_set():
+            self._health.beat()
+            got = self._loop.step()
+            now = time.monotonic()
+            if got or not self._loop.assigned:
+                idle_since = now
+                if not self._loop.assigned and now - warned > _WARN_EVERY_S:
+                    log.warning("policy topic %s not assigned yet (does it exist?)", self._topic)
+                    warned = now
+            elif now - idle_since >= self._catchup_idle_s:
+                if self._apply_pending() is not False:
+                    self._health.set(WEIGHTS_OK, True)
+                log.info("policy caught up: announced v%d, loaded v%d", self.announced, self.loaded)
+                return True
+        return False
+
+    def poll(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` for updates, take everything already fetched, load the newest."""
+        got = self._loop.step(timeout_s)
+        for _ in range(_MAX_DRAIN):
+            if not got:
+                break
+            got = self._loop.step(0.0)
+        self._apply_pending()
+
+    def _handle(self, record: Record) -> Disposition:
+        update = decode(policy_pb2.PolicyUpdate, record.value, self._max_bytes)
+        reason = validate_policy_update(update)
+        if reason is not None:
+            raise InvalidMessageError(reason)
+        if update.node_id != self._node_id:
+            raise InvalidMessageError(
+                "foreign_node", f"update for {update.node_id!r} on {self._node_id}'s topic"
+            )
+        self.announced = max(self.announced, update.version)
+        if update.version > self.loaded and (self._pending is None or update.version > self._pending.version):
+            self._pending = update
+        return Disposition.DONE
+
+    def _apply_pending(self) -> bool | None:
+        """Load the pending update if it is newer than the weights: True/False = loaded/rejected,
+        None = nothing to do."""
+        update, self._pending = self._pending, None
+        if update is None or update.version <= self.loaded:
+            return None
+        return self._load(update)
+
+    def _load(self, update: policy_pb2.PolicyUpdate) -> bool:
+        started = time.perf_counter()
+        try:
+            manifest, directory = read_manifest(update.manifest_uri, update.manifest_sha256)
+            if manifest.node_id != update.node_id or manifest.version != update.version:
+                raise CheckpointError(
+                    "malformed",
+                    f"malformed manifest: it describes {manifest.node_id} v{manifest.version}, "
+                    f"the update announced {update.node_id} v{update.version}",
+                )
+            state = load_weights(manifest, directory)
+            if self._shapes is not None:
+                check_shapes(state, self._shapes)
+            self._backend.load_weights(state, update.version)
+        # Tolerated by design: a bad checkpoint must not take the generator down; old weights stay.
+        except (CheckpointError, SafetensorError, OSError, ValueError, RuntimeError) as exc:
+            reason = failure_reason(exc)
+            self._metrics.weight_load_failures.labels(reason).inc()
+            self._health.set(WEIGHTS_OK, False)
+            log.error(
+                "rejected policy v%d (%s): %s; keeping v%d", update.version, reason, str(exc), self.loaded
+            )
+            return False
+        seconds = time.perf_counter() - started
+        self._metrics.weight_load_seconds.observe(seconds)
+        self._metrics.policy_version.set(update.version)
+        self._health.set(WEIGHTS_OK, True)
+        log.info("loaded policy v%d from %s in %.2fs", update.version, update.manifest_uri, seconds)
+        return True

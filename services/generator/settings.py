@@ -1,0 +1,192 @@
+"""Configuration of the generator service: env prefix `SAPO_GENERATOR_`, every field bounded.
+
+Grouped as: model and backend, task stream, sampling (one round = B questions x L completions),
+sharing, round pacing, operations. Cross-field rules fail at start with what to set instead.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Self
+
+import yaml
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from sapo.generator import Pacing, RoundMode, SharingPolicy
+from sapo.models import BUNDLED_REF
+from sapo.settings import ServiceSettings
+from sapo.tasks import PROFILES, Profile, ProfileError, get_profile, profile_from_dict
+from sapo.tasks.seeds import stable_hash
+
+
+class BackendKind(StrEnum):
+    HF = "hf"  # transformers, CPU or one GPU
+    VLLM = "vllm"  # vLLM engine, GPU only (the `gpu` extra)
+
+
+class DType(StrEnum):
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+
+
+class GeneratorSettings(ServiceSettings):
+    """Settings of one generator process (`SAPO_GENERATOR_*`; nested Kafka settings use `__`)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SAPO_GENERATOR_", frozen=True, extra="forbid", env_nested_delimiter="__"
+    )
+
+    # --- model and backend ---
+    model: str = Field(
+        BUNDLED_REF,
+        min_length=1,
+        description="Policy model: `bundled:smollm2-135m-instruct`, `tiny:<seed>` (tests), an HF id or path. "
+        "Policy version 0 is these weights; later versions come from the policy topic.",
+    )
+    backend: BackendKind = Field(BackendKind.HF, description="hf (transformers) or vllm (GPU only).")
+    dtype: DType = Field(
+        DType.FLOAT32,
+        description="Parameter dtype. bfloat16 samples ~2x faster on CPU, but its behaviour logprobs then "
+        "differ slightly from an fp32 trainer's (the ratio of an unchanged policy is no longer exactly 1).",
+    )
+    device: str = Field(
+        "cpu",
+        pattern=r"^(cpu|cuda(:\d{1,2})?)$",
+        description="Torch device of the hf backend: cpu, cuda[:N].",
+    )
+
+    # --- task stream ---
+    profile: str = Field(
+        "easy",
+        min_length=1,
+        description="Built-in task profile (`easy`, `paper`) or the path of a YAML/JSON profile file "
+        "(a mapping of task name to {weight, config}).",
+    )
+    node_seed: int | None = Field(
+        None,
+        ge=0,
+        le=2**63 - 1,
+        description="Seeds the node's question stream, per-round sampling and fraction sharing. Unset = "
+        "derived from node_id, so distinct nodes draw distinct questions (the reference code did not).",
+    )
+
+    # --- sampling ---
+    questions_per_round: int = Field(8, ge=1, le=1024, description="B: questions drawn per round.")
+    completions_per_question: int = Field(
+        8, ge=2, le=256, description="L: completions per question (>= 2: a group of one has no advantage)."
+    )
+    temperature: float = Field(1.0, gt=0.0, le=10.0, description="Sampling temperature (paper: 1.0).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus mass (paper: 1.0).")
+    max_new_tokens: int = Field(256, ge=1, le=32768, description="Completion token limit (paper: 256).")
+
+    # --- sharing ---
+    sharing: SharingPolicy = Field(
+        SharingPolicy.ALL,
+        description="Groups sent to the swarm topic: all, none, fraction (deterministic per group) or "
+        "variance (only groups whose rewards differ). Every group always goes to the private topic.",
+    )
+    share_fraction: float | None = Field(
+        None, ge=0.0, le=1.0, description="Fraction of groups shared; required with sharing=fraction only."
+    )
+
+    # --- round pacing ---
+    round_mode: RoundMode = Field(
+        RoundMode.LOCKSTEP,
+        description="lockstep: round r is generated with policy version r (the paper). async: generation "
+        "runs up to max_ahead versions ahead of the loaded policy.",
+    )
+    max_ahead: int = Field(
+        1, ge=1, le=1000, description="Staleness bound in versions (round_mode=async only; lockstep is 0)."
+    )
+    rounds: int = Field(
+        0, ge=0, le=10**9, description="Stop before this round number (total for the run); 0 = forever."
+    )
+
+    # --- operations ---
+    policy_catchup_idle_s: float = Field(
+        2.0,
+        ge=0.05,
+        le=120.0,
+        description="At start, the policy topic counts as read once nothing arrived for this long after "
+        "partition assignment (high watermarks are not trusted: the embedded broker reports wrong ones).",
+    )
+    flush_timeout_s: float = Field(
+        30.0, ge=0.1, le=600.0, description="Bound on the producer flush at the end of each round."
+    )
+    liveness_timeout_s: float = Field(
+        900.0,
+        ge=10.0,
+        le=86_400.0,
+        description="/healthz fails when the loop is silent this long: must exceed the longest round.",
+    )
+
+    @field_validator("profile")
+    @classmethod
+    def _check_profile(cls, value: str) -> str:
+        load_profile(value)
+        return value
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> Self:
+        prefix = "SAPO_GENERATOR_"
+        if (self.sharing is SharingPolicy.FRACTION) != (self.share_fraction is not None):
+            raise ValueError(
+                f"share_fraction goes with sharing=fraction only: set {prefix}SHARING=fraction and "
+                f"{prefix}SHARE_FRACTION=<0..1> together, or neither"
+            )
+        if self.round_mode is RoundMode.LOCKSTEP and "max_ahead" in self.model_fields_set:
+            raise ValueError(
+                f"max_ahead applies to round_mode=async only (lockstep runs exactly 0 ahead): set "
+                f"{prefix}ROUND_MODE=async, or unset {prefix}MAX_AHEAD"
+            )
+        if self.backend is BackendKind.VLLM:
+            self._check_vllm(prefix)
+        return self
+
+    def _check_vllm(self, prefix: str) -> None:
+        if self.model.startswith("tiny:"):
+            raise ValueError(f"tiny models exist only in memory: set {prefix}BACKEND=hf for {self.model}")
+        if self.top_p < 1.0:
+            raise ValueError(
+                f"the vllm backend records logprobs after top-p truncation: set {prefix}TOP_P=1 or "
+                f"{prefix}BACKEND=hf"
+            )
+
+    @property
+    def effective_node_seed(self) -> int:
+        """node_seed, or a stable hash of node_id when unset."""
+        if self.node_seed is not None:
+            return self.node_seed
+        return stable_hash("node-seed", self.node_id) % 2**63
+
+    def task_profile(self) -> Profile:
+        """The resolved task profile (validated at start, so this does not fail later)."""
+        return load_profile(self.profile)
+
+    def pacing(self) -> Pacing:
+        max_ahead = self.max_ahead if self.round_mode is RoundMode.ASYNC else 0
+        return Pacing(self.round_mode, max_ahead, self.rounds)
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """A built-in profile by name, or a profile file (YAML or JSON mapping) by path."""
+    if name_or_path in PROFILES:
+        return get_profile(name_or_path)
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise ValueError(
+            f"{name_or_path!r} is neither a built-in profile ({', '.join(sorted(PROFILES))}) nor a file"
+        )
+    try:
+        data: Any = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"cannot read profile file {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"profile file {path} must hold a mapping of task name to settings")
+    try:
+        return profile_from_dict(data)
+    except ProfileError as exc:
+        raise ValueError(f"profile file {path}: {exc}") from None

@@ -1,0 +1,250 @@
+"""The generator against the real broker: published groups, provenance, hot reload, rejected checkpoints."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import PreTrainedTokenizerBase
+
+from sapo import wire
+from sapo.convert import question_from_proto
+from sapo.generation import SamplingConfig, TransformersBackend
+from sapo.models import build_tiny_model, load_bundled_tokenizer, tokenizer_fingerprint
+from sapo.tasks import EASY_PROFILE, TaskStream, render_prompt
+from sapo.topics import TopicNames
+from sapo.v1 import rollout_pb2
+from tests.integration.generator_helpers import (
+    GroupCollector,
+    ThreadedGenerator,
+    announce,
+    create_node_topics,
+    generator_settings,
+    wait_until,
+)
+from tests.unit.generator.harness import flip_byte, policy_update, write_checkpoint
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+KEY = "swarm-secret"
+FAILURES = "sapo_generator_weight_load_failures_total"
+REDERIVE = """
+import json, sys
+from sapo.tasks import Provenance, rederive
+for line in sys.stdin:
+    r = rederive(Provenance(**json.loads(line)))
+    print(json.dumps([r.task, r.text, r.answer, r.metadata_json]))
+"""
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> PreTrainedTokenizerBase:
+    return load_bundled_tokenizer()
+
+
+def _launch(bootstrap: str, prefix: str, node_id: str, node_seed: int, log: Path) -> subprocess.Popen[bytes]:
+    """`python -m services.generator.main` configured through the environment; its log goes to `log`."""
+    settings = {
+        "NODE_ID": node_id,
+        "NODE_SEED": str(node_seed),
+        "TOPIC_PREFIX": prefix,
+        "KAFKA__BOOTSTRAP_SERVERS": bootstrap,
+        "CONSUMER__SESSION_TIMEOUT_MS": "6000",
+        "CONSUMER__HEARTBEAT_INTERVAL_MS": "1000",
+        "CONSUMER__FETCH_WAIT_MAX_MS": "50",
+        "HTTP_HOST": "127.0.0.1",
+        "HTTP_PORT": "0",
+        "LOG_FORMAT": "text",
+        "MODEL": "tiny:0",
+        "QUESTIONS_PER_ROUND": "2",
+        "COMPLETIONS_PER_QUESTION": "3",
+        "MAX_NEW_TOKENS": "6",
+        "ROUND_MODE": "async",
+        "MAX_AHEAD": "1",
+        "ROUNDS": "2",
+        "POLICY_CATCHUP_IDLE_S": "1",
+        "SIGNING_KEY": KEY,
+    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAPO_GENERATOR_")}
+    env |= {"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    env |= {f"SAPO_GENERATOR_{name}": value for name, value in settings.items()}
+    cmd = [sys.executable, "-m", "services.generator.main"]
+    with log.open("wb") as sink:  # a file, not a pipe nobody drains while the test waits
+        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
+
+
+def _rederive_elsewhere(groups: list[rollout_pb2.RolloutGroup]) -> list[list[str]]:
+    """Re-derive every group's question from its provenance alone, in a separate Python process."""
+    lines = [json.dumps(dataclasses.asdict(question_from_proto(g.question).provenance)) for g in groups]
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", REDERIVE],
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+        check=True,
+    )
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def _check_group(
+    group: rollout_pb2.RolloutGroup, node: str, stream: TaskStream, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    """Structure, producer, question position in the node's stream, prompt as fed, scored completions."""
+    assert wire.validate_rollout_group(group) is None
+    assert (group.node_id, group.model_id, group.policy_version) == (node, "tiny:0", 0)
+    assert group.tokenizer_fingerprint == tokenizer_fingerprint(tokenizer)
+    record = question_from_proto(group.question)
+    assert record in [stream.record_at(group.round * 2 + i) for i in range(2)]  # positions r * B + i
+    prompt = render_prompt(tokenizer, record)
+    assert list(group.prompt_token_ids) == tokenizer.encode(prompt, add_special_tokens=False)
+    assert len(group.completions) == 3
+    for c in group.completions:
+        assert c.finish_reason in (rollout_pb2.FINISH_REASON_STOP, rollout_pb2.FINISH_REASON_LENGTH)
+        assert c.HasField("reward") and len(c.logprobs) == len(c.token_ids) > 0
+
+
+def test_two_nodes_publish_verifiable_groups_with_different_questions(
+    kafka_bootstrap: str, topic_prefix: str, tokenizer: PreTrainedTokenizerBase, tmp_path: Path
+) -> None:
+    create_node_topics(kafka_bootstrap, topic_prefix, "node-a", "node-b")
+    seeds = {"node-a": 101, "node-b": 202}
+    topics = {node: TopicNames.for_node(node, topic_prefix).rollouts for node in seeds}
+    swarm_topic = f"{topic_prefix}.swarm.rollouts"
+    collector = GroupCollector(kafka_bootstrap, f"{topic_prefix}.collector", swarm_topic, *topics.values())
+    # node-a runs the real entrypoint in its own process; node-b the same wiring in a thread (cheaper).
+    log = tmp_path / "node-a.log"
+    process = _launch(kafka_bootstrap, topic_prefix, "node-a", seeds["node-a"], log)
+    try:
+        node_b = generator_settings(
+            kafka_bootstrap,
+            topic_prefix,
+            "node-b",
+            node_seed=seeds["node-b"],
+            questions_per_round=2,
+            completions_per_question=3,
+            signing_key=KEY,
+            round_mode="async",
+            max_ahead=1,
+            rounds=2,
+        )
+        with ThreadedGenerator(node_b):
+            collector.wait_for(16, timeout_s=90)  # per node: 2 rounds x 2 questions, private + swarm
+        collector.close()
+        private = {node: collector.on(topics[node]) for node in seeds}
+        for node, groups in private.items():
+            assert sorted(g.round for g in groups) == [0, 0, 1, 1]
+            for group in groups:
+                _check_group(group, node, TaskStream(EASY_PROFILE, seeds[node], "train"), tokenizer)
+
+        everything = private["node-a"] + private["node-b"]
+        assert sorted(g.group_id for g in collector.on(swarm_topic)) == sorted(g.group_id for g in everything)
+        for message in collector.records:
+            assert message.value is not None
+            assert wire.check_signature(message.headers, message.value, KEY.encode()) is None
+        for group, (task, text, answer, metadata_json) in zip(
+            everything, _rederive_elsewhere(everything), strict=True
+        ):
+            q = group.question
+            assert (q.task, q.text, q.answer, q.metadata_json) == (task, text, answer, metadata_json)
+
+        provenance = {
+            node: {(p.dataset, p.seed, p.index) for p in (g.question.provenance for g in groups)}
+            for node, groups in private.items()
+        }
+        assert provenance["node-a"].isdisjoint(provenance["node-b"])
+        assert process.wait(timeout=60) == 0, f"node-a failed:\n{log.read_text()[-3000:]}"
+    finally:
+        process.kill()  # no-op once it exited
+
+
+def _regenerate(
+    group: rollout_pb2.RolloutGroup, tokenizer: PreTrainedTokenizerBase, seed: int
+) -> list[list[int]]:
+    """The group's completions as tiny:<seed> samples them from the group's own prompt and sampling record."""
+    s = group.sampling
+    config = SamplingConfig(
+        max_new_tokens=s.max_new_tokens,
+        num_samples=len(group.completions),
+        temperature=s.temperature,
+        top_p=s.top_p,
+        seed=s.seed,
+        stop=tuple(s.stop),
+    )
+    backend = TransformersBackend(build_tiny_model(tokenizer, seed=seed), tokenizer)
+    return [list(sample.token_ids) for sample in backend.generate([list(group.prompt_token_ids)], config)[0]]
+
+
+def _tokens(group: rollout_pb2.RolloutGroup) -> list[list[int]]:
+    return [list(c.token_ids) for c in group.completions]
+
+
+def test_a_published_policy_update_swaps_weights_without_restart(
+    kafka_bootstrap: str, topic_prefix: str, tokenizer: PreTrainedTokenizerBase, tmp_path: Path
+) -> None:
+    create_node_topics(kafka_bootstrap, topic_prefix, "node-a")
+    names = TopicNames.for_node("node-a", topic_prefix)
+    collector = GroupCollector(kafka_bootstrap, f"{topic_prefix}.collector", names.rollouts)
+    with ThreadedGenerator(generator_settings(kafka_bootstrap, topic_prefix)) as gen:
+        (first,) = collector.wait_for(1)
+        assert (first.round, first.policy_version) == (0, 0)
+        assert _tokens(first) == _regenerate(first, tokenizer, seed=0)
+
+        trained = build_tiny_model(tokenizer, seed=1).state_dict()  # same shape, other weights
+        written = write_checkpoint(tmp_path, "node-a", 1, trained)
+        announce(kafka_bootstrap, names.policy, "node-a", policy_update(written, "node-a", 1))
+        second = collector.wait_for(2)[1]
+        assert (second.round, second.policy_version) == (1, 1)
+        # Same prompt and sampling seed: the new weights' output, not the old one's.
+        assert _tokens(second) == _regenerate(second, tokenizer, seed=1)
+        assert _tokens(second) != _regenerate(second, tokenizer, seed=0)
+        assert gen.metric("sapo_generator_policy_version") == 1
+        assert gen.metric("sapo_generator_weight_load_seconds_count") == 1
+        assert gen.readyz()[0] == 200
+    collector.close()
+
+
+def test_a_corrupt_checkpoint_is_rejected_reported_and_not_loaded(
+    kafka_bootstrap: str, topic_prefix: str, tokenizer: PreTrainedTokenizerBase, tmp_path: Path
+) -> None:
+    create_node_topics(kafka_bootstrap, topic_prefix, "node-a")
+    names = TopicNames.for_node("node-a", topic_prefix)
+
+    def publish(version: int, *, flip: bool = False, sha256: str | None = None) -> None:
+        state = build_tiny_model(tokenizer, seed=version).state_dict()
+        written = write_checkpoint(tmp_path, "node-a", version, state)
+        if flip:
+            flip_byte(written)
+        announce(kafka_bootstrap, names.policy, "node-a", policy_update(written, "node-a", version, sha256))
+
+    publish(1)  # announced before start: a (re)starting generator loads it and resumes at round 1
+    collector = GroupCollector(kafka_bootstrap, f"{topic_prefix}.collector", names.rollouts)
+    with ThreadedGenerator(generator_settings(kafka_bootstrap, topic_prefix)) as gen:
+        (first,) = collector.wait_for(1)
+        assert (first.round, first.policy_version) == (1, 1)
+        assert gen.readyz()[0] == 200
+
+        publish(2, flip=True)
+        wait_until(lambda: gen.metric(FAILURES, {"reason": "digest_mismatch"}) == 1, 30, "rejection of v2")
+        status, body = gen.readyz()
+        assert status == 503 and "weights_ok" in body
+        publish(3, sha256="0" * 64)
+        wait_until(lambda: gen.metric(FAILURES, {"reason": "digest_mismatch"}) == 2, 30, "rejection of v3")
+        assert gen.metric("sapo_generator_policy_version") == 1
+        assert gen.core.backend.model_version == 1
+        assert len(collector.groups) == 1  # lockstep: nothing generated with the wrong version
+
+        publish(4)
+        second = collector.wait_for(2)[1]
+        assert (second.round, second.policy_version) == (4, 4)
+        assert gen.readyz()[0] == 200
+        assert gen.metric("sapo_generator_policy_version") == 4
+    collector.close()

@@ -1,0 +1,234 @@
+"""Transformers backend on a tiny random model: shapes, logprobs, stopping, seeds, weight reloads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from transformers import PreTrainedTokenizerBase
+
+from sapo.generation import GenerationBackend, Sample, SamplingConfig, TransformersBackend
+from sapo.models import build_tiny_model, load_model
+
+pytestmark = pytest.mark.unit
+
+
+def teacher_forced(
+    model: torch.nn.Module, prompt: list[int], sample: Sample, temperature: float
+) -> torch.Tensor:
+    """log_softmax(logits / T) of the sample's tokens from one forward pass over the unpadded sequence."""
+    ids = torch.tensor([prompt + list(sample.token_ids)])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+    logprobs = torch.log_softmax(logits / temperature, dim=-1)
+    return logprobs.gather(1, torch.tensor(sample.token_ids)[:, None]).squeeze(1)
+
+
+def test_backend_satisfies_the_protocol(backend: TransformersBackend) -> None:
+    assert isinstance(backend, GenerationBackend)
+    assert backend.model_version == 0
+
+
+def test_returns_b_by_l_samples_with_one_logprob_per_token(
+    backend: TransformersBackend, prompts: list[list[int]]
+) -> None:
+    groups = backend.generate(prompts, SamplingConfig(max_new_tokens=8, num_samples=4, seed=0))
+    assert [len(g) for g in groups] == [4, 4, 4]
+    for sample in (s for g in groups for s in g):
+        assert 1 <= len(sample.token_ids) <= 8
+        assert len(sample.logprobs) == len(sample.token_ids)
+        assert all(lp <= 0 for lp in sample.logprobs)
+        assert sample.finish_reason in ("stop", "length")
+        assert sample.finish_reason == "stop" or len(sample.token_ids) == 8
+    assert backend.generate([], SamplingConfig(max_new_tokens=4)) == []
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_match_a_teacher_forced_pass_on_the_unpadded_prompt(
+    backend: TransformersBackend, prompts: list[list[int]], temperature: float
+) -> None:
+    params = SamplingConfig(max_new_tokens=10, num_samples=2, temperature=temperature, seed=1)
+    groups = backend.generate(prompts, params)
+    recorded = torch.tensor([lp for g in groups for s in g for lp in s.logprobs])
+    assert recorded.std() > 0.5  # the tiny model is peaked enough for the comparison to mean something
+    for prompt, group in zip(prompts, groups, strict=True):
+        for sample in group:
+            expected = teacher_forced(backend.model, prompt, sample, temperature)
+            torch.testing.assert_close(torch.tensor(sample.logprobs), expected, atol=1e-4, rtol=0)
+
+
+def test_top_p_does_not_change_the_recorded_distribution(
+    backend: TransformersBackend, prompts: list[list[int]]
+) -> None:
+    """Logprobs stay those of the tempered full distribution even when sampling is truncated."""
+    groups = backend.generate(
+        prompts, SamplingConfig(max_new_tokens=6, num_samples=2, top_p=0.5, top_k=20, seed=2)
+    )
+    for prompt, group in zip(prompts, groups, strict=True):
+        for sample in group:
+            expected = teacher_forced(backend.model, prompt, sample, 1.0)
+            torch.testing.assert_close(torch.tensor(sample.logprobs), expected, atol=1e-4, rtol=0)
+
+
+def test_stop_string_ends_each_sequence_at_the_token_that_completes_it(
+    backend: TransformersBackend, prompts: list[list[int]], tokenizer: PreTrainedTokenizerBase
+) -> None:
+    # "e" occurs in many tokens of the random model's output, so rows stop at different steps.
+    groups = backend.generate(prompts, SamplingConfig(max_new_tokens=12, num_samples=4, seed=3, stop=("e",)))
+    samples = [s for g in groups for s in g]
+    stopped = [s for s in samples if s.finish_reason == "stop"]
+    assert stopped and len({len(s.token_ids) for s in stopped}) > 1
+    for sample in stopped:
+        assert "e" in sample.text
+        assert "e" not in tokenizer.decode(list(sample.token_ids[:-1]), skip_special_tokens=True)
+    for sample in samples:
+        if sample.finish_reason == "length":
+            assert "e" not in sample.text and len(sample.token_ids) == 12
+
+
+def test_eos_token_is_kept_as_the_last_token(
+    tokenizer: PreTrainedTokenizerBase, prompts: list[list[int]]
+) -> None:
+    # A third of the vocabulary counts as end-of-sequence, so most rows stop within a few tokens.
+    eos = set(range(0, len(tokenizer), 3))
+    backend = TransformersBackend(build_tiny_model(tokenizer, seed=0), tokenizer, eos_token_ids=sorted(eos))
+    groups = backend.generate(prompts, SamplingConfig(max_new_tokens=12, num_samples=4, seed=4))
+    samples = [s for g in groups for s in g]
+    assert sum(s.finish_reason == "stop" for s in samples) > len(samples) // 2
+    for sample in samples:
+        assert not eos & set(sample.token_ids[:-1])  # nothing after the first EOS survives
+        assert (sample.token_ids[-1] in eos) == (sample.finish_reason == "stop")
+
+
+def test_same_seed_same_samples_and_global_rng_untouched(
+    backend: TransformersBackend, prompts: list[list[int]]
+) -> None:
+    params = SamplingConfig(max_new_tokens=8, num_samples=3, seed=11)
+    rng_before = torch.get_rng_state()
+    first = backend.generate(prompts, params)
+    assert torch.equal(torch.get_rng_state(), rng_before)
+    assert backend.generate(prompts, params) == first
+    other = backend.generate(prompts, SamplingConfig(max_new_tokens=8, num_samples=3, seed=12))
+    assert other != first
+
+
+def test_reloaded_weights_change_samples_and_version(
+    backend: TransformersBackend, prompts: list[list[int]], tokenizer: PreTrainedTokenizerBase
+) -> None:
+    params = SamplingConfig(max_new_tokens=8, num_samples=2, seed=5)
+    original = backend.generate(prompts, params)
+    initial_state = {k: v.clone() for k, v in backend.model.state_dict().items()}
+
+    backend.load_weights(build_tiny_model(tokenizer, seed=1).state_dict(), version=7)
+    assert backend.model_version == 7
+    assert backend.generate(prompts, params) != original
+
+    backend.load_weights(initial_state, version=8)
+    assert backend.generate(prompts, params) == original
+
+
+def test_reload_from_safetensors_directory_without_the_tied_head(
+    backend: TransformersBackend, tokenizer: PreTrainedTokenizerBase, tmp_path: Path
+) -> None:
+    """Checkpoints written by save_pretrained omit lm_head.weight when it is tied to the embeddings."""
+    state = build_tiny_model(tokenizer, seed=2).state_dict()
+    save_file(
+        {k: v.clone() for k, v in state.items() if k != "lm_head.weight"}, str(tmp_path / "model.safetensors")
+    )
+    backend.load_weights(tmp_path, version=1)
+    torch.testing.assert_close(backend.model.lm_head.weight, state["model.embed_tokens.weight"])
+
+
+def test_mismatched_weights_are_rejected_before_anything_is_copied(backend: TransformersBackend) -> None:
+    before = {k: v.clone() for k, v in backend.model.state_dict().items()}
+    bad = dict(before)
+    bad["model.layers.0.mlp.extra.weight"] = torch.zeros(1)
+    del bad["model.norm.weight"]
+    bad["model.layers.0.self_attn.q_proj.weight"] = torch.zeros_like(
+        before["model.layers.0.self_attn.q_proj.weight"]
+    )
+    with pytest.raises(ValueError, match=r"missing \['model.norm.weight'\]"):
+        backend.load_weights(bad, version=1)
+    assert backend.model_version == 0
+    for name, tensor in backend.model.state_dict().items():
+        assert torch.equal(tensor, before[name])
+
+
+def test_generation_failure_becomes_error_samples(
+    backend: TransformersBackend, prompts: list[list[int]]
+) -> None:
+    """Diverged (NaN) weights make sampling raise; every sample of the batch reports the error."""
+    nan_state = {k: torch.full_like(v, float("nan")) for k, v in backend.model.state_dict().items()}
+    backend.load_weights(nan_state, version=1)
+    groups = backend.generate(prompts, SamplingConfig(max_new_tokens=4, num_samples=2, seed=0))
+    assert [len(g) for g in groups] == [2, 2, 2]
+    for sample in (s for g in groups for s in g):
+        assert sample.finish_reason == "error"
+        assert "probability tensor" in sample.error
+        assert sample.token_ids == () and sample.logprobs == ()
+
+
+def test_bf16_weights_sample_with_consistent_lengths(
+    tokenizer: PreTrainedTokenizerBase, prompts: list[list[int]]
+) -> None:
+    model, _ = load_model("tiny:0", dtype=torch.bfloat16)
+    assert model.dtype == torch.bfloat16
+    groups = TransformersBackend(model, tokenizer).generate(
+        prompts, SamplingConfig(max_new_tokens=6, num_samples=2)
+    )
+    for sample in (s for g in groups for s in g):
+        assert len(sample.logprobs) == len(sample.token_ids) > 0
+        assert all(torch.isfinite(torch.tensor(sample.logprobs)))
+
+
+def test_checkpoint_sampling_defaults_are_discarded(
+    tokenizer: PreTrainedTokenizerBase, prompts: list[list[int]]
+) -> None:
+    """A checkpoint's repetition penalty or top-k must not alter the distribution behind the logprobs."""
+    model = build_tiny_model(tokenizer, seed=0)
+    model.generation_config.repetition_penalty = 1.5
+    model.generation_config.top_k = 5
+    backend = TransformersBackend(model, tokenizer)
+    groups = backend.generate(prompts, SamplingConfig(max_new_tokens=8, num_samples=2, seed=6))
+    ranks = []
+    for prompt, group in zip(prompts, groups, strict=True):
+        for sample in group:
+            ids = torch.tensor([prompt + list(sample.token_ids)])
+            with torch.no_grad():
+                logits = model(ids).logits[0, len(prompt) - 1 : -1]
+            chosen = logits.gather(1, torch.tensor(sample.token_ids)[:, None])
+            ranks += (logits > chosen).sum(dim=1).tolist()
+            expected = teacher_forced(model, prompt, sample, 1.0)
+            torch.testing.assert_close(torch.tensor(sample.logprobs), expected, atol=1e-4, rtol=0)
+    assert max(ranks) >= 5  # top-k 5 would never sample a token ranked 6th or lower
+
+
+def test_empty_prompt_is_a_caller_error(backend: TransformersBackend) -> None:
+    with pytest.raises(ValueError, match="at least one token"):
+        backend.generate([[1, 2], []], SamplingConfig(max_new_tokens=2))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"max_new_tokens": 4, "num_samples": 0}, "num_samples"),
+        ({"max_new_tokens": 4, "temperature": 0.0}, "temperature"),
+        ({"max_new_tokens": 4, "top_p": 0.0}, "top_p"),
+        ({"max_new_tokens": 4, "top_k": -1}, "top_k"),
+        ({"max_new_tokens": 4, "stop": ("",)}, "stop"),
+    ],
+)
+def test_sampling_config_rejects_bad_values(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SamplingConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_sample_invariants() -> None:
+    with pytest.raises(ValueError, match="logprobs"):
+        Sample(text="a", token_ids=(1, 2), logprobs=(-1.0,), finish_reason="stop")
+    with pytest.raises(ValueError, match="error"):
+        Sample(text="a", token_ids=(1,), logprobs=(-1.0,), finish_reason="error")
+    assert Sample.failed("boom").finish_reason == "error"

@@ -1,0 +1,81 @@
+"""Generator settings: env names and defaults, bounds, cross-field rules that say what to set."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sapo.generator import RoundMode, SharingPolicy
+from sapo.models import BUNDLED_REF
+from sapo.settings import ConfigError, load_settings
+from sapo.tasks import EASY_PROFILE
+from services.generator.settings import BackendKind, GeneratorSettings
+
+pytestmark = pytest.mark.unit
+
+
+def test_defaults_follow_the_paper(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SAPO_GENERATOR_NODE_ID", "node-3")
+    s = load_settings(GeneratorSettings)
+    assert s.model == BUNDLED_REF and s.backend is BackendKind.HF
+    assert (s.questions_per_round, s.completions_per_question, s.temperature, s.top_p) == (8, 8, 1.0, 1.0)
+    assert s.max_new_tokens == 256
+    assert s.sharing is SharingPolicy.ALL and s.round_mode is RoundMode.LOCKSTEP
+    assert s.task_profile() == EASY_PROFILE
+    assert s.pacing().max_ahead == 0
+    assert load_settings(GeneratorSettings, round_mode="async").pacing().max_ahead == 1
+
+
+def test_env_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {
+        "NODE_ID": "node-3",
+        "MODEL": "tiny:4",
+        "QUESTIONS_PER_ROUND": "2",
+        "ROUND_MODE": "async",
+        "MAX_AHEAD": "3",
+        "SHARING": "fraction",
+        "SHARE_FRACTION": "0.25",
+        "PROFILE": "paper",
+    }.items():
+        monkeypatch.setenv(f"SAPO_GENERATOR_{name}", value)
+    s = load_settings(GeneratorSettings)
+    assert (s.model, s.questions_per_round, s.share_fraction) == ("tiny:4", 2, 0.25)
+    assert s.pacing().max_ahead == 3
+    assert len(s.task_profile()) == 9
+
+
+def test_node_seed_defaults_to_a_stable_function_of_the_node_id() -> None:
+    a1 = GeneratorSettings(node_id="node-a").effective_node_seed
+    assert a1 == GeneratorSettings(node_id="node-a").effective_node_seed
+    assert a1 != GeneratorSettings(node_id="node-b").effective_node_seed
+    assert GeneratorSettings(node_id="node-a", node_seed=5).effective_node_seed == 5
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        ({"sharing": "fraction"}, "SAPO_GENERATOR_SHARE_FRACTION"),
+        ({"share_fraction": 0.5}, "SAPO_GENERATOR_SHARING=fraction"),
+        ({"max_ahead": 2}, "SAPO_GENERATOR_ROUND_MODE=async"),
+        ({"backend": "vllm", "model": "tiny:0"}, "SAPO_GENERATOR_BACKEND=hf"),
+        ({"backend": "vllm", "top_p": 0.9}, "SAPO_GENERATOR_TOP_P=1"),
+        ({"completions_per_question": 1}, "SAPO_GENERATOR_COMPLETIONS_PER_QUESTION"),
+        ({"temperature": 0}, "SAPO_GENERATOR_TEMPERATURE"),
+        ({"profile": "hard"}, "neither a built-in profile"),
+        ({"device": "gpu"}, "SAPO_GENERATOR_DEVICE"),
+    ],
+)
+def test_invalid_combinations_say_what_to_set(overrides: dict[str, object], says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        load_settings(GeneratorSettings, node_id="node-a", **overrides)
+
+
+def test_profile_file(tmp_path: Path) -> None:
+    path = tmp_path / "profile.yaml"
+    path.write_text("calendar_arithmetic:\n  weight: 2\n  config: {year: 2023}\npropositional_logic: {}\n")
+    s = GeneratorSettings(node_id="node-a", profile=str(path))
+    assert [spec.name for spec in s.task_profile()] == ["calendar_arithmetic", "propositional_logic"]
+    path.write_text("no_such_task: {}\n")
+    with pytest.raises(ConfigError, match="no_such_task"):
+        load_settings(GeneratorSettings, node_id="node-a", profile=str(path))
