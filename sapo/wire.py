@@ -99,32 +99,36 @@ def decode(cls: type[M], value: bytes | None, max_bytes: int) -> M:
 
 def validate_rollout_group(group: rollout_pb2.RolloutGroup) -> str | None:
     """Structural checks every consumer of a group relies on; None when valid, else a reason."""
-    problem: str | None = None
     try:
         uuid.UUID(group.group_id)
     except ValueError:
-        problem = "bad_group_id"
-    if problem is None and not group.node_id:
-        problem = "missing_node_id"
-    elif problem is None and not (
-        group.question.task and group.question.text and group.question.provenance.dataset
-    ):
-        problem = "missing_question"
-    elif problem is None and not group.completions:
-        problem = "no_completions"
-    if problem is None:
-        problem = _validate_completions(group)
-    return problem
+        return "bad_group_id"
+    if not group.node_id:
+        return "missing_node_id"
+    question = group.question
+    if not (question.task and question.text and question.provenance.dataset):
+        return "missing_question"
+    if not group.completions:
+        return "no_completions"
+    return _validate_completions(group)
 
 
 def _validate_completions(group: rollout_pb2.RolloutGroup) -> str | None:
+    """Per completion, in order. This runs on every group a sampler reads, so the logprobs are
+    copied out in one C call (a slice: iterating the protobuf container costs ~1.5x more) and checked
+    with one C sum: `logprobs` is `repeated float` (32-bit), whose finite values cannot overflow a
+    double sum, so the sum is finite exactly when every entry is (a NaN or an infinity anywhere makes
+    it NaN or infinite)."""
+    unspecified = rollout_pb2.FINISH_REASON_UNSPECIFIED
     for comp in group.completions:
-        if comp.finish_reason == rollout_pb2.FINISH_REASON_UNSPECIFIED:
+        if comp.finish_reason == unspecified:
             return "missing_finish_reason"
-        if comp.logprobs and len(comp.logprobs) != len(comp.token_ids):
-            return "logprob_length_mismatch"
-        if any(not math.isfinite(lp) for lp in comp.logprobs):
-            return "nonfinite_logprob"
+        logprobs = comp.logprobs[:]
+        if logprobs:
+            if len(logprobs) != len(comp.token_ids):
+                return "logprob_length_mismatch"
+            if not math.isfinite(sum(logprobs)):
+                return "nonfinite_logprob"
     return None
 
 

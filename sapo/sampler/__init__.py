@@ -2,12 +2,13 @@
 
 No Kafka here: the service (`services/sampler`) feeds consumed messages in and publishes what comes
 out. Module map:
-- `screen`: header prefilter, bounded decode, the per-group filter pipeline, rejection reasons.
+- `screen`: header prefilter, bounded decode, the per-group filter pipeline, rejection reasons,
+  eager or lazy (at selection) verification.
 - `seen`: the bounded dedupe set of group ids.
 - `verifier`: re-derivation and local rewards, with result caching that never skips a check.
 - `pool`: accepted groups waiting for a batch, bounded per origin.
 - `selection`: fixed / adaptive I/J, per-source quota, uniform / reward-guided choice of J.
-- `assembler`: the round modes lockstep / deadline / async.
+- `assembler`: the round modes lockstep / deadline / async; verifies lazily screened picks.
 - `batch`: the TrainingBatch message and the history a restart recovers from the batch topic.
 """
 
@@ -21,6 +22,7 @@ from sapo.sampler.screen import (
     Scored,
     Screen,
     ScreenConfig,
+    VerifyMode,
     header_reason,
     parse,
 )
@@ -49,6 +51,7 @@ __all__ = [
     "SeenGroups",
     "SelectionPolicy",
     "Verifier",
+    "VerifyMode",
     "batch_id",
     "build_batch",
     "header_reason",

@@ -18,6 +18,14 @@
 In the streaming modes local groups are taken oldest first (they only get staler), external ones by
 the selection policy. Every mode expires pooled groups that outlived the age / staleness bounds.
 The assembler never finishes input itself: discarded entries queue up for `take_discards()`.
+
+Lazy verification (`sapo.sampler.screen.VerifyMode`): pooled external groups may be unverified. The
+selection verifies each one it picks (`verify`); a rejected one leaves the pool as a discard with its
+reason (and its `InvalidMessageError` when eager would have dead-lettered it) and the next candidate
+takes its place. The I/J plan counted the rejected ones, so when a pick comes up short after a
+rejection the batch is planned again on the pool without them: a batch keeps the configured mix
+whenever the verified pool allows it, as under eager verification. Each retry follows a rejection,
+which shrinks the pool, so the loop ends.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from __future__ import annotations
 import logging
 import random
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final, Generic, TypeVar
@@ -33,9 +42,12 @@ from sapo.sampler.pool import Entry, Pool
 from sapo.sampler.screen import Origin, Scored
 from sapo.sampler.selection import Mix, SelectionPolicy, pick_external, plan, usable_external
 from sapo.v1 import rollout_pb2
+from sapo.wire import InvalidMessageError
 
 log = logging.getLogger(__name__)
 H = TypeVar("H")
+Verify = Callable[[Scored], Scored | str]
+"""`Screen.verify`: the verified group or the reason it is not used; raises InvalidMessageError."""
 
 LOCKSTEP_WINDOW: Final = 16
 """Rounds ahead of the next one whose groups lock-step keeps (bounds memory against wild rounds)."""
@@ -81,17 +93,22 @@ class Assembly(Generic[H]):
 
 @dataclass(frozen=True)
 class Discard(Generic[H]):
+    """An entry dropped from the pool; `error` is set when its input must be dead-lettered."""
+
     entry: Entry[H]
     reason: str
+    error: InvalidMessageError | None = None
 
 
 class Assembler(ABC, Generic[H]):
     """The pool plus the rule of one round mode. Use `make_assembler`."""
 
-    def __init__(self, cfg: AssemblyConfig) -> None:
+    def __init__(self, cfg: AssemblyConfig, verify: Verify | None = None) -> None:
         self.cfg = cfg
         self.pool: Pool[H] = Pool(cfg.max_pool_groups)
+        self._verify = verify
         self._discards: list[Discard[H]] = []
+        self._rejections = 0
         self._last_expiry_s = float("-inf")
 
     def arrived(self, group: rollout_pb2.RolloutGroup, origin: Origin, now_s: float) -> None:
@@ -99,6 +116,8 @@ class Assembler(ABC, Generic[H]):
 
     def add(self, scored: Scored, handle: H, now_s: float) -> str | None:
         """Pool a screened group; returns a refusal reason instead when the mode cannot use it."""
+        if not scored.verified and self._verify is None:
+            raise ValueError(f"unverified group {scored.group_id}: this assembler was given no verify")
         evicted = self.pool.add(Entry(scored, handle, now_s))
         if evicted is not None:
             self._discards.append(Discard(evicted, "evicted"))
@@ -116,6 +135,26 @@ class Assembler(ABC, Generic[H]):
     def forget(self, group_ids: set[str]) -> list[Entry[H]]:
         """Drop entries without finishing them (their partition was revoked: another owner re-reads)."""
         return self.pool.take_where(lambda e: e.group_id in group_ids)
+
+    def _checked(self, entry: Entry[H]) -> Entry[H] | None:
+        """A picked entry in its verified form (replaced in the pool), or None when verification
+        rejects it (then it is out of the pool and queued as a discard)."""
+        if entry.scored.verified:
+            return entry
+        assert self._verify is not None  # `add` refuses unverified groups without it
+        error: InvalidMessageError | None = None
+        try:
+            verdict = self._verify(entry.scored)
+        except InvalidMessageError as exc:  # tampered or corrupt: the caller dead-letters it
+            verdict, error = exc.reason, exc
+        if isinstance(verdict, Scored):
+            verified = Entry(verdict, entry.handle, entry.pooled_s)
+            self.pool.replace(verified)
+            return verified
+        self.pool.remove([entry])
+        self._discards.append(Discard(entry, verdict, error))
+        self._rejections += 1
+        return None
 
     def _rng(self, sequence: int) -> random.Random:
         """Per-batch randomness: the same seed and sequence make the same choice after a restart."""
@@ -139,13 +178,20 @@ class Assembler(ABC, Generic[H]):
 class StreamingAssembler(Assembler[H]):
     """`deadline` (deadline_s set) and `async` (deadline_s None)."""
 
-    def __init__(self, cfg: AssemblyConfig, deadline_s: float | None) -> None:
-        super().__init__(cfg)
+    def __init__(self, cfg: AssemblyConfig, deadline_s: float | None, verify: Verify | None) -> None:
+        super().__init__(cfg, verify)
         self._deadline_s = deadline_s
         self._local_ready_s: float | None = None
 
     def next_batch(self, now_s: float, sequence: int) -> Assembly[H] | None:
         self._expire(now_s, sequence)
+        while True:  # again only after a pick rejected a lazily screened group: see the module doc
+            rejections = self._rejections
+            assembly = self._attempt(now_s, sequence)
+            if assembly is not None or self._rejections == rejections:
+                return assembly
+
+    def _attempt(self, now_s: float, sequence: int) -> Assembly[H] | None:
         mix, pool = self.cfg.mix, self.pool
         local_n = pool.count("local")
         external_n = usable_external(pool.peer_counts(), self.cfg.max_per_source, mix.total)
@@ -166,10 +212,15 @@ class StreamingAssembler(Assembler[H]):
         local = pool.oldest("local", n_local)
         cfg = self.cfg
         external = pick_external(
-            pool.entries("external"), n_external, cfg.max_per_source, cfg.selection, self._rng(sequence)
+            pool.entries("external"),
+            n_external,
+            cfg.max_per_source,
+            cfg.selection,
+            self._rng(sequence),
+            accept=self._checked,
         )
         if len(local) < n_local or len(external) < n_external:
-            return None  # the forced expiry took some: try again on the next tick
+            return None  # the forced expiry or verification took some: plan again
         pool.remove([*local, *external])
         self._local_ready_s = None
         return Assembly(local, external)
@@ -188,8 +239,8 @@ class _Round:
 class LockstepAssembler(Assembler[H]):
     """`lockstep`: see the module docstring."""
 
-    def __init__(self, cfg: AssemblyConfig, next_round: int) -> None:
-        super().__init__(cfg)
+    def __init__(self, cfg: AssemblyConfig, next_round: int, verify: Verify | None) -> None:
+        super().__init__(cfg, verify)
         self.next_round = next_round
         self._rounds: dict[int, _Round] = {}
 
@@ -228,19 +279,31 @@ class LockstepAssembler(Assembler[H]):
         self._expire(now_s, sequence, force=True)
         if round_ > self.next_round:
             log.warning("lock-step: no local groups of rounds %d..%d", self.next_round, round_ - 1)
-        rng = self._rng(sequence)
-        local = [e for e in self.pool.entries("local") if e.scored.round == round_]
-        external = [e for e in self.pool.entries("external") if e.scored.round == round_]
-        quota, mix = self.cfg.max_per_source, self.cfg.mix
-        n_local, n_external = plan(mix, len(local), usable_external(_peer_counts(external), quota, mix.total))
-        picked_local = rng.sample(local, min(n_local, len(local)))
-        picked_external = pick_external(external, n_external, quota, self.cfg.selection, rng)
+        picked_local, picked_external = self._pick_round(round_, sequence)
         self.pool.remove([*picked_local, *picked_external])
         unused = self.pool.take_where(lambda e: e.scored.round <= round_)
         self._discards.extend(Discard(e, "unused") for e in unused)
         self.next_round = round_ + 1
         self._rounds = {r: s for r, s in self._rounds.items() if r > round_}
         return Assembly(picked_local, picked_external, round_)
+
+    def _pick_round(self, round_: int, sequence: int) -> tuple[list[Entry[H]], list[Entry[H]]]:
+        """I local sampled uniformly and J external by the selection policy, of the round's groups;
+        planned again when a short pick rejected a lazily screened group (module docstring)."""
+        quota, mix = self.cfg.max_per_source, self.cfg.mix
+        while True:
+            rejections = self._rejections
+            rng = self._rng(sequence)
+            local = [e for e in self.pool.entries("local") if e.scored.round == round_]
+            external = [e for e in self.pool.entries("external") if e.scored.round == round_]
+            usable = usable_external(_peer_counts(external), quota, mix.total)
+            n_local, n_external = plan(mix, len(local), usable)
+            picked_local = rng.sample(local, min(n_local, len(local)))
+            picked_external = pick_external(
+                external, n_external, quota, self.cfg.selection, rng, accept=self._checked
+            )
+            if len(picked_external) == n_external or self._rejections == rejections:
+                return picked_local, picked_external
 
     def _due(self, state: _Round, now_s: float, round_: int) -> bool:
         cfg = self.cfg
@@ -268,10 +331,11 @@ def _peer_counts(entries: list[Entry[H]]) -> list[int]:
     return list(counts.values())
 
 
-def make_assembler(cfg: AssemblyConfig, next_round: int = 0) -> Assembler[H]:
-    """The assembler of the configured mode; `next_round` is the first lock-step round to close."""
+def make_assembler(cfg: AssemblyConfig, next_round: int = 0, verify: Verify | None = None) -> Assembler[H]:
+    """The assembler of the configured mode; `next_round` is the first lock-step round to close;
+    `verify` (`Screen.verify`) is needed when lazily screened groups are pooled."""
     if cfg.mode is RoundMode.LOCKSTEP:
-        return LockstepAssembler(cfg, next_round)
+        return LockstepAssembler(cfg, next_round, verify)
     if cfg.mode is RoundMode.DEADLINE:
-        return StreamingAssembler(cfg, cfg.deadline_s)
-    return StreamingAssembler(cfg, None)
+        return StreamingAssembler(cfg, cfg.deadline_s, verify)
+    return StreamingAssembler(cfg, None, verify)

@@ -59,7 +59,11 @@ def build_batch(
     round_: int | None,
     created_at: Timestamp,
 ) -> batch_pb2.TrainingBatch:
-    """The batch message: groups in the given order (local first by convention)."""
+    """The batch message: groups in the given order (local first by convention). Refuses a group
+    whose rewards are a sender's unverified claims: only this node's own rewards are trained on."""
+    unverified = [s.group_id for s in groups if not s.verified]
+    if unverified:
+        raise ValueError(f"unverified groups {unverified} in batch {batch_id(node_id, sequence)}")
     return batch_pb2.TrainingBatch(
         schema_version=SCHEMA_VERSION,
         batch_id=batch_id(node_id, sequence),

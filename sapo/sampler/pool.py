@@ -62,6 +62,12 @@ class Pool(Generic[H]):
                 if self._per_peer[peer] == 0:
                     del self._per_peer[peer]
 
+    def replace(self, entry: Entry[H]) -> None:
+        """Swap a pooled entry for another of the same group (its verified form), in its place."""
+        entries = self._entries[entry.scored.origin]
+        if entry.group_id in entries:
+            entries[entry.group_id] = entry
+
     def take_where(self, keep_out: Callable[[Entry[H]], bool]) -> list[Entry[H]]:
         """Remove and return every entry for which `keep_out` is true."""
         out = [e for o in ORIGINS for e in self._entries[o].values() if keep_out(e)]

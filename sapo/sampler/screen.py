@@ -6,9 +6,32 @@ Steps run cheapest first, so most of a large swarm's traffic is dropped before i
    not accepted, unknown schema version, signature when a swarm key is set).
 2. `parse`: bounded decode and structural validation (`InvalidMessageError` -> dead letter).
 3. `Screen.check`: identity (the decoded group agrees with the header filters: headers can lie), age
-   or staleness, dedupe by group id, re-derivation of question and answer from provenance (a mismatch
-   raises `InvalidMessageError` -> dead letter), rewards recomputed by the local verifier (the
-   sender's rewards are never read), zero-advantage groups dropped, advantages computed.
+   or staleness, dedupe by group id, the split claimed in provenance, then `Screen.verify`:
+   re-derivation of question and answer from provenance (a mismatch raises `InvalidMessageError` ->
+   dead letter), rewards recomputed by the local verifier (the sender's rewards never reach a
+   batch), zero-advantage groups dropped, advantages computed.
+
+When step 3's verification runs (`VerifyMode`, setting `SAPO_SAMPLER_VERIFY`):
+- `eager` (default): on arrival, for every group. Re-derivation and re-scoring cost 0.2-0.9 ms per
+  group against tens of microseconds to consume one, so a node reading a large swarm spends most of
+  its time verifying groups it will never train on (a batch takes J of the thousands a round brings).
+- `lazy`: external groups are verified only when the selection picks them (`Assembler`). On arrival
+  they pass the cheap filters and one more: the sender's *claimed* rewards (the completions'
+  `reward` fields; unset reads 0) must have signal ("no_signal_claimed"), standing in for the
+  recomputed-signal filter. A picked group that fails verification, or whose recomputed rewards
+  have no signal, is rejected with its usual reason (dead-lettered where eager would) and the next
+  one in the selection's order takes its place.
+
+  Why this draws what eager draws, for uniform selection and honest senders: honest claims (scored
+  by the same verifier) equal the recomputed rewards, so the pool holds the groups eager would pool
+  plus the dishonest ones. The selection shuffles the pool and walks it, skipping rejected groups;
+  the honest groups of a uniform shuffle are a uniform shuffle of the honest groups, so the picks
+  (and which ones the per-peer quota lets in) have eager's distribution, and with no dishonest
+  group in the pool they are the very same picks. The trade-off: a sender that under-reports
+  (claims no signal) only loses its own groups; one that over-claims costs one verification per
+  pick and is rejected then; bad groups that are never picked take pool space until they leave as
+  expired, evicted or unused, never verified nor dead-lettered.
+  Local groups are always verified on arrival (a node's own are few, and lock-step counts them).
 
 Every rejection is a short reason from `REASONS`, safe as a metric label. Malformed and unverifiable
 input raises `InvalidMessageError` so the consumer loop dead-letters it; everything else (a stale,
@@ -17,16 +40,18 @@ duplicate or signal-free group is a normal event) is returned as a reason and on
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Final, Literal
 
 from sapo.convert import question_from_proto
-from sapo.grpo.advantages import AdvantageScale, group_advantages, has_signal
+from sapo.grpo.advantages import SIGNAL_TOLERANCE, AdvantageScale, group_advantages, has_signal
 from sapo.sampler.seen import SeenGroups
 from sapo.sampler.verifier import Verifier
 from sapo.tasks import REJECTION_REASONS
-from sapo.v1 import rollout_pb2
+from sapo.v1 import question_pb2, rollout_pb2
 from sapo.wire import (
     H_NODE,
     H_SCHEMA,
@@ -70,6 +95,7 @@ SCREEN_REASONS: Final = (
     "not_train_split",
     "too_few_completions",
     "no_signal",
+    "no_signal_claimed",
 )
 POOL_REASONS: Final = ("late_round", "future_round", "expired", "evicted", "unused")
 REASONS: Final[tuple[str, ...]] = tuple(
@@ -79,6 +105,14 @@ REASONS: Final[tuple[str, ...]] = tuple(
 
 MIN_COMPLETIONS: Final = 2
 """A group needs two scored completions for a group-relative advantage to mean anything."""
+_ERROR: Final = rollout_pb2.FINISH_REASON_ERROR
+
+
+class VerifyMode(StrEnum):
+    """When external groups are re-derived and re-scored; see the module docstring."""
+
+    EAGER = "eager"
+    LAZY = "lazy"
 
 
 @dataclass(frozen=True)
@@ -93,14 +127,18 @@ class ScreenConfig:
     signing_key: bytes | None
     advantage_scale: AdvantageScale = "std"
     advantage_eps: float = 1e-4
+    verify: VerifyMode = VerifyMode.EAGER
 
 
 @dataclass(frozen=True)
 class Scored:
-    """A group that passed every filter, with the receiver's own rewards and advantages.
+    """A group that passed the filters, with its rewards and advantages.
 
     `group` holds only the scored completions (ERROR ones removed), so rewards, advantages and
-    completions line up one to one as `validate_batch` requires.
+    completions line up one to one as `validate_batch` requires. `verified` says whose rewards these
+    are: True, the receiver's own (re-derived and re-scored), the only kind a batch may hold; False
+    (lazy mode, external groups), the sender's claims with no advantages yet, until `Screen.verify`
+    replaces them when the selection picks the group.
     """
 
     group: rollout_pb2.RolloutGroup
@@ -108,6 +146,7 @@ class Scored:
     rewards: tuple[float, ...]
     advantages: tuple[float, ...]
     completed_s: float  # completed_at as epoch seconds; 0.0 when unset
+    verified: bool = True
 
     @property
     def group_id(self) -> str:
@@ -182,8 +221,9 @@ class Screen:
     def check(
         self, group: rollout_pb2.RolloutGroup, origin: Origin, now_s: float, target_version: int
     ) -> Scored | str:
-        """The scored group, or the reason it is not used. Raises InvalidMessageError when the group
-        is not what its provenance says (tampered or corrupt: dead-lettered by the loop).
+        """The scored group (unverified for an external group in lazy mode), or the reason it is not
+        used. Raises InvalidMessageError when the group is malformed or not what its provenance says
+        (dead-lettered by the loop).
 
         `on_arrival` sees every group that is genuinely of its node and task, before freshness and
         signal filters: lock-step rounds count a round's groups as arrived even when unusable.
@@ -198,13 +238,36 @@ class Screen:
             return reason
         if group.group_id in self.seen:
             return "duplicate"
+        reason = _split_reason(group)
+        if reason is not None:
+            return reason
+        kept = [c for c in group.completions if c.finish_reason != _ERROR]
+        if self.cfg.verify is VerifyMode.EAGER or origin == "local":
+            return self._score(group, kept, origin)
+        if len(kept) < MIN_COMPLETIONS:
+            return "too_few_completions"
+        claimed = [c.reward for c in kept]
+        if not _claims_signal(claimed):
+            return "no_signal_claimed"
+        group = _with_completions(group, kept) if len(kept) < len(group.completions) else group
+        return Scored(group, origin, tuple(claimed), (), completed_seconds(group), verified=False)
+
+    def verify(self, scored: Scored) -> Scored | str:
+        """The verified form of a group `check` passed unverified, or the reason it is not used
+        ("too_few_completions", "no_signal"); raises InvalidMessageError when the group is not what
+        its provenance says. A verified group is returned as it is."""
+        if scored.verified:
+            return scored
+        return self._score(scored.group, list(scored.group.completions), scored.origin)
+
+    def _score(
+        self, group: rollout_pb2.RolloutGroup, kept: list[rollout_pb2.Completion], origin: Origin
+    ) -> Scored | str:
+        """Re-derivation from provenance, then this node's rewards of the `kept` completions."""
         record = question_from_proto(group.question)
-        if record.provenance.split != "train":
-            return "not_train_split"
         problem = self._verifier.verify(record)
         if problem is not None:
             raise InvalidMessageError(problem, f"group {group.group_id} from {group.node_id}")
-        kept = [c for c in group.completions if c.finish_reason != rollout_pb2.FINISH_REASON_ERROR]
         if len(kept) < MIN_COMPLETIONS:
             return "too_few_completions"
         rewards = self._verifier.rewards(record, [c.text for c in kept])
@@ -235,6 +298,25 @@ class Screen:
             return "too_old" if too_old else None
         lag = target_version - group.policy_version
         return "stale" if lag > self.cfg.max_policy_lag else None
+
+
+def _split_reason(group: rollout_pb2.RolloutGroup) -> str | None:
+    """Only training items are trained on. Read from the proto so the lazy arrival path needs no
+    `question_from_proto`; an unset split is malformed, as `question_from_proto` says too."""
+    split = group.question.provenance.split
+    if split == question_pb2.SPLIT_TRAIN:
+        return None
+    if split == question_pb2.SPLIT_EVAL:
+        return "not_train_split"
+    raise InvalidMessageError("missing_split", f"group {group.group_id} from {group.node_id}")
+
+
+def _claims_signal(claimed: list[float]) -> bool:
+    """Whether the sender's rewards differ. A non-finite claim is a sender bug: it claims nothing
+    usable. Rewards are 32-bit on the wire, so their double sum is finite exactly when every one is
+    (see `sapo.wire`). The spread test is `has_signal`'s, without its input checks: this runs on
+    every group a lazy sampler reads."""
+    return math.isfinite(sum(claimed)) and max(claimed) - min(claimed) > SIGNAL_TOLERANCE
 
 
 def _with_completions(

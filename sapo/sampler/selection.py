@@ -16,13 +16,20 @@ External choice (`pick_external`), always under the quota of at most `quota` gro
   correct completions, the "aha moments" SAPO spreads through the swarm. The floor keeps groups with
   only partial-credit successes in play. Implemented with Efraimidis-Spirakis keys u ** (1 / w):
   the k largest keys are a weighted sample; the quota is applied greedily in key order.
+
+Lazy verification (`sapo.sampler.screen`) passes `accept`, which verifies each candidate as the walk
+reaches it: a rejected one is skipped and the walk goes on, so the next candidate in the same order
+takes its place. The order is drawn before anything is verified, so the accepted groups keep the
+order's distribution over the groups that pass (see the screen's module docstring). Reward-guided
+weights would come from the senders' claims there, which a sender can inflate, so the settings
+refuse that combination.
 """
 
 from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TypeVar
@@ -92,9 +99,16 @@ def reward_weight(mean_reward: float) -> float:
 
 
 def pick_external(
-    entries: Sequence[Entry[H]], k: int, quota: int, policy: SelectionPolicy, rng: random.Random
+    entries: Sequence[Entry[H]],
+    k: int,
+    quota: int,
+    policy: SelectionPolicy,
+    rng: random.Random,
+    *,
+    accept: Callable[[Entry[H]], Entry[H] | None] | None = None,
 ) -> list[Entry[H]]:
-    """Up to k entries, at most `quota` per peer, chosen by `policy`."""
+    """Up to k entries, at most `quota` per peer, chosen by `policy`. `accept` (when given) sees each
+    candidate the quota lets through and returns the entry to take, or None to skip it."""
     if k <= 0 or not entries:
         return []
     if policy is SelectionPolicy.UNIFORM:
@@ -107,9 +121,13 @@ def pick_external(
     per_peer: Counter[str] = Counter()
     for entry in order:
         peer = entry.scored.peer
-        if per_peer[peer] < quota:
-            picked.append(entry)
-            per_peer[peer] += 1
-            if len(picked) == k:
-                break
+        if per_peer[peer] >= quota:
+            continue
+        taken = entry if accept is None else accept(entry)
+        if taken is None:
+            continue
+        picked.append(taken)
+        per_peer[peer] += 1
+        if len(picked) == k:
+            break
     return picked

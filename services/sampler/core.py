@@ -5,7 +5,9 @@ Delivery semantics (at-least-once in; batch ids out exactly once):
   cluster), each through its own ConsumerLoop, both driven by `step()` from one thread. A rejected or
   duplicate group is DONE at once (malformed and unverifiable ones are dead-lettered too). A pooled
   group is HELD, and finished only when the batch holding it is acknowledged by the broker
-  (`send_sync`) or when it is discarded (expired, evicted, unused after its round). Offsets are
+  (`send_sync`) or when it is discarded (expired, evicted, unused after its round, or, with
+  SAPO_SAMPLER_VERIFY=lazy, rejected when the selection picked and verified it: dead-lettered first
+  when it is not what its provenance says, as eager verification would have on arrival). Offsets are
   committed only up to the lowest unfinished one (Watermarks), so a crash re-delivers every pooled
   group and every group of a batch that was not yet acknowledged.
 - Idempotency keys: the group id on the way in, the batch id `<node_id>/<sequence>` on the way out.
@@ -50,6 +52,7 @@ from sapo.sampler import (
 )
 from sapo.service import Runtime
 from sapo.topics import TopicNames
+from sapo.v1 import rollout_pb2
 from sapo.wire import InvalidMessageError, message_headers, now_timestamp, validate_batch
 from services.sampler.metrics import SamplerMetrics
 from services.sampler.recovery import read_history
@@ -90,10 +93,14 @@ class SamplerCore:
         self._health = health
         self._stop = stop
         self._clock = clock
+        self._transport = transport
+        self._dead_letters = dead_letters
         self.sequence = history.next_sequence
-        self.assembler: Assembler[Record] = make_assembler(settings.assembly_config(), history.next_round)
         seen = SeenGroups(settings.dedupe_capacity, history.used_group_ids)
-        self.screen = Screen(settings.screen_config(), seen, on_arrival=self.assembler.arrived)
+        self.screen = Screen(settings.screen_config(), seen, on_arrival=self._arrived)
+        self.assembler: Assembler[Record] = make_assembler(
+            settings.assembly_config(), history.next_round, self.screen.verify
+        )
 
         def loop(client: ConsumerClient, topic: str, origin: Origin) -> ConsumerLoop:
             return ConsumerLoop(
@@ -170,6 +177,9 @@ class SamplerCore:
             self.screen.seen.add(group.group_id)
         return refusal
 
+    def _arrived(self, group: rollout_pb2.RolloutGroup, origin: Origin, now_s: float) -> None:
+        self.assembler.arrived(group, origin, now_s)
+
     def _emit_due(self) -> None:
         while (assembly := self.assembler.next_batch(self._clock(), self.sequence)) is not None:
             self._publish(assembly)
@@ -217,7 +227,15 @@ class SamplerCore:
 
     def _settle_discards(self) -> None:
         for discard in self.assembler.take_discards():
-            self._loop_of(discard.entry.handle).finish(discard.entry.handle)
+            record = discard.entry.handle
+            if discard.error is not None:  # failed verification at selection: as the loop does on arrival
+                log.warning(
+                    "rejected %s/%d/%d: %s", record.topic, record.partition, record.offset, discard.error
+                )
+                self._transport.rejected.labels(discard.reason).inc()
+                if self._dead_letters is not None:
+                    self._dead_letters.send(record, discard.reason, discard.error.detail)
+            self._loop_of(record).finish(record)
             self._metrics.rejected.labels(discard.reason).inc()
 
     def _loop_of(self, record: Record) -> ConsumerLoop:

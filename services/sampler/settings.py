@@ -1,8 +1,9 @@
 """The sampler's settings: env prefix `SAPO_SAMPLER_`, nested with `__`.
 
 Grouped as: batch composition (I/J and how they move), round modes, trust bounds (which groups are
-usable at all), selection, memory bounds, recovery. Every cross-field rule fails at start with what to
-set, e.g. `SAPO_SAMPLER_LOCAL_GROUPS=0` and `SAPO_SAMPLER_EXTERNAL_GROUPS=0` together are refused.
+usable at all, and when they are verified), selection, memory bounds, recovery. Every cross-field
+rule fails at start with what to set, e.g. `SAPO_SAMPLER_LOCAL_GROUPS=0` and
+`SAPO_SAMPLER_EXTERNAL_GROUPS=0` together are refused.
 """
 
 from __future__ import annotations
@@ -13,7 +14,15 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from sapo.grpo.advantages import AdvantageScale
-from sapo.sampler import AssemblyConfig, Mix, MixPolicy, RoundMode, ScreenConfig, SelectionPolicy
+from sapo.sampler import (
+    AssemblyConfig,
+    Mix,
+    MixPolicy,
+    RoundMode,
+    ScreenConfig,
+    SelectionPolicy,
+    VerifyMode,
+)
 from sapo.settings import ServiceSettings
 from sapo.tasks.datasets import UNSAFE_VERIFIERS, is_known_dataset
 
@@ -100,6 +109,13 @@ class SamplerSettings(ServiceSettings):
         "std", description="std: (r - mean) / (std + eps) as GRPO; none: r - mean (Dr. GRPO)."
     )
     advantage_eps: float = Field(1e-4, ge=0, le=1.0, description="eps of the advantage denominator.")
+    verify: VerifyMode = Field(
+        VerifyMode.EAGER,
+        description="When external groups are re-derived and re-scored. eager: every arriving group. "
+        "lazy: only the groups the selection picks (arrivals pass the cheap filters, and the sender's "
+        "claimed rewards must have signal); a picked group that fails is rejected and replaced. Same "
+        "draw as eager for uniform selection and honest senders (sapo.sampler.screen).",
+    )
 
     # --- memory bounds ---
     max_pool_groups: int = Field(
@@ -151,6 +167,16 @@ class SamplerSettings(ServiceSettings):
         return self
 
     @model_validator(mode="after")
+    def _check_verify(self) -> Self:
+        if self.verify is VerifyMode.LAZY and self.selection is SelectionPolicy.REWARD_GUIDED:
+            raise ValueError(
+                "lazy verification would weight reward-guided selection by the senders' claimed rewards, "
+                "which a sender can inflate to be picked more often: set SAPO_SAMPLER_VERIFY=eager, or "
+                "SAPO_SAMPLER_SELECTION=uniform"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_tasks(self) -> Self:
         if self.accepted_tasks is not None:
             if not self.accepted_tasks:
@@ -174,6 +200,7 @@ class SamplerSettings(ServiceSettings):
             signing_key=key,
             advantage_scale=self.advantage_scale,
             advantage_eps=self.advantage_eps,
+            verify=self.verify,
         )
 
     def assembly_config(self) -> AssemblyConfig:

@@ -1,5 +1,6 @@
 """The sampler against the real broker: a node and three peers publishing real groups, bad input of
-every kind, then the real service process SIGKILLed mid-stream and restarted."""
+every kind (with eager verification, the default, and lazy), then the real service process
+SIGKILLed mid-stream and restarted."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from sapo.kafka import DeadLetters, KafkaPublisher, Record, TransportMetrics
 from sapo.lifecycle import StopFlag
 from sapo.ops import Health, OpsServer
+from sapo.sampler import VerifyMode
 from sapo.settings import ConsumerProfile
 from sapo.topics import TopicNames, ensure_topics
 from sapo.v1 import batch_pb2, rollout_pb2
@@ -116,12 +118,16 @@ def _in_process_core(
     return core, registry, health, publisher
 
 
+@pytest.mark.parametrize("verify", list(VerifyMode))
 def test_lockstep_batches_from_three_peers_with_every_kind_of_bad_input(
-    kafka_bootstrap: str, topic_prefix: str
+    kafka_bootstrap: str, topic_prefix: str, verify: VerifyMode
 ) -> None:
+    """Lazy verification ends with the same batches, counts and dead letters: round 1's tampered group
+    is pooled unverified, picked (J=3 needs every peer's group), rejected and dead-lettered then."""
     topics = _topics(kafka_bootstrap, topic_prefix)
     settings = SamplerSettings(
         node_id=NODE,
+        verify=verify,
         topic_prefix=topic_prefix,
         questions_per_round=4,
         local_groups=2,

@@ -3,6 +3,8 @@ wire rule that lets a lock-step round emit an empty batch."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from sapo import wire
@@ -64,3 +66,9 @@ def test_an_undecodable_batch_still_holds_its_sequence() -> None:
     assert builder.history().next_sequence == 8
     assert sequence_of("node-0/12", "node-0") == 12
     assert sequence_of("node-1/12", "node-0") is None
+
+
+def test_claimed_rewards_never_reach_a_batch() -> None:
+    claimed = dataclasses.replace(scored("external", "peer-1"), advantages=(), verified=False)
+    with pytest.raises(ValueError, match="unverified"):
+        build_batch("node-0", 0, [claimed], [], round_=None, created_at=wire.now_timestamp())

@@ -212,3 +212,37 @@ def test_lost_partitions_drop_their_pool_and_their_groups_are_accepted_again() -
     node.swarm_client.lose()
     assert node.core.assembler.pool.count("external") == 0
     assert group.group_id not in node.core.screen.seen
+
+
+def test_lazy_rejects_bad_picks_with_their_reasons_and_finishes_their_offsets() -> None:
+    bus = MemoryBus()
+    node = Node(bus, round_mode="async", local_groups=1, external_groups=2, verify="lazy")
+    publish(bus, TOPICS.rollouts, real_group(RECORDS[0], NODE))
+    tampered = real_group(RECORDS[1], "peer-1")
+    tampered.question.answer += "0"
+    no_signal = real_group(RECORDS[2], "peer-2", (False, False, False))
+    no_signal.completions[0].reward = 1.0  # claims a signal the receiver's verifier does not find
+    forged = real_group(RECORDS[3], "peer-3", (True, False, False))
+    forged.completions[1].reward = 1.0  # claims a wrong answer is right: kept, rewards recomputed
+    unclaimed = real_group(RECORDS[4], "peer-4", (True, False))
+    unclaimed.completions[0].reward = 0.0  # under-reports: only hurts itself
+    for group in (tampered, no_signal, forged, unclaimed):
+        publish(bus, TOPICS.swarm_rollouts, group)
+    node.drain()
+    assert node.batches() == []  # one good external group of the three pooled: J=2 waits
+    assert node.rejected("answer_mismatch") == 1
+    assert node.rejected("no_signal") == 1
+    assert node.rejected("no_signal_claimed") == 1
+    assert [r.headers["sapo-dlq-reason"] for r in bus.topics[TOPICS.dlq]] == [b"answer_mismatch"]
+    publish(bus, TOPICS.swarm_rollouts, real_group(RECORDS[5], "peer-5"))
+    node.drain()
+    [batch] = node.batches()
+    assert validate_batch(batch) is None
+    assert batch.groups[0].group.node_id == NODE
+    assert sorted(bg.group.node_id for bg in batch.groups[1:]) == ["peer-3", "peer-5"]
+    [forged_bg] = [bg for bg in batch.groups if bg.group.group_id == forged.group_id]
+    assert forged_bg.group.completions[1].reward == 1.0
+    assert forged_bg.rewards[0] == 1.0
+    assert forged_bg.rewards[1] < 1.0
+    node.core.close()
+    assert bus.committed[("swarm", (TOPICS.swarm_rollouts, 0))] == 5  # rejected picks finished too

@@ -87,6 +87,18 @@ def test_parse_bounds_and_validates() -> None:
     assert bad.value.reason == "bad_group_id"
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_parse_refuses_nonfinite_logprobs_and_keeps_extreme_finite_ones(bad: float) -> None:
+    group = real_group(RECORDS[0], "peer-1")
+    for comp in group.completions:
+        comp.logprobs.extend([-3.4e38] * len(comp.token_ids))  # the most negative float32: finite
+    assert parse(group.SerializeToString(), 1 << 20) == group
+    group.completions[-1].logprobs[1] = bad
+    with pytest.raises(InvalidMessageError) as info:
+        parse(group.SerializeToString(), 1 << 20)
+    assert info.value.reason == "nonfinite_logprob"
+
+
 def test_rewards_are_recomputed_never_taken_from_the_sender() -> None:
     record = RECORDS[1]
     group = real_group(record, "peer-1", (True, False, False, True))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sapo.sampler import MixPolicy, RoundMode, SelectionPolicy
+from sapo.sampler import MixPolicy, RoundMode, SelectionPolicy, VerifyMode
 from sapo.settings import ConfigError, load_settings
 from services.sampler.settings import SamplerSettings
 
@@ -15,6 +15,7 @@ def test_env_names_and_nested_consumer_profile(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("SAPO_SAMPLER_NODE_ID", "node-3")
     monkeypatch.setenv("SAPO_SAMPLER_ROUND_MODE", "async")
     monkeypatch.setenv("SAPO_SAMPLER_SELECTION", "reward_guided")
+    monkeypatch.setenv("SAPO_SAMPLER_VERIFY", "eager")
     monkeypatch.setenv("SAPO_SAMPLER_ACCEPTED_TASKS", '["calendar_arithmetic", "basic_arithmetic"]')
     monkeypatch.setenv("SAPO_SAMPLER_CONSUMER__SESSION_TIMEOUT_MS", "6000")
     s = load_settings(SamplerSettings)
@@ -25,10 +26,12 @@ def test_env_names_and_nested_consumer_profile(monkeypatch: pytest.MonkeyPatch) 
     assembly = s.assembly_config()
     assert (assembly.mix.local, assembly.mix.external) == (4, 4)
     assert s.screen_config().signing_key is None
+    assert s.screen_config().verify is VerifyMode.EAGER
 
 
 def test_defaults_reproduce_the_papers_best_swarm() -> None:
     s = SamplerSettings(node_id="n")
+    assert s.verify is VerifyMode.EAGER
     assert (s.round_mode, s.local_groups, s.external_groups, s.selection) == (
         RoundMode.LOCKSTEP,
         4,
@@ -49,6 +52,7 @@ def test_defaults_reproduce_the_papers_best_swarm() -> None:
         ({"accepted_tasks": ["calendar_arithmetic", "countdown"]}, "countdown"),
         ({"accepted_tasks": ["no_such_task"]}, "no_such_task"),
         ({"max_per_source": 0}, "SAPO_SAMPLER_MAX_PER_SOURCE"),
+        ({"verify": VerifyMode.LAZY, "selection": SelectionPolicy.REWARD_GUIDED}, "SAPO_SAMPLER_VERIFY"),
     ],
 )
 def test_invalid_combinations_say_what_to_set(overrides: dict[str, object], says: str) -> None:
@@ -59,3 +63,8 @@ def test_invalid_combinations_say_what_to_set(overrides: dict[str, object], says
 def test_signing_key_reaches_the_filters_as_bytes() -> None:
     s = SamplerSettings(node_id="n", signing_key="k")
     assert s.screen_config().signing_key == b"k"
+
+
+def test_lazy_verification_reaches_the_filters(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SAPO_SAMPLER_VERIFY", "lazy")
+    assert load_settings(SamplerSettings, node_id="n").screen_config().verify is VerifyMode.LAZY
