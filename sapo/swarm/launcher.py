@@ -23,6 +23,7 @@ from typing import Any
 from sapo.broker import EmbeddedBroker, free_port
 from sapo.settings import ConsumerProfile
 from sapo.swarm.manifest import NodeSpec, SwarmManifest
+from sapo.swarm.recorder import PolicyRecorder
 from sapo.topics import TopicNames, ensure_topics
 
 SERVICES = ("trainer", "sampler", "generator")
@@ -63,9 +64,10 @@ def flatten_env(service: str, values: Mapping[str, Any], prefix: str = "") -> di
     return env
 
 
-def service_values(node: NodeSpec, service: str, run_dir: Path) -> dict[str, Any]:
+def service_values(node: NodeSpec, service: str, run_dir: Path, peers: int = 0) -> dict[str, Any]:
     """The settings one service of a node runs with: the manifest's short keys mapped onto the
-    service's own field names, then the node's raw per-service settings on top."""
+    service's own field names, then the node's raw per-service settings on top. `peers` is how many
+    other nodes publish to the swarm (a lock-step sampler waits for their groups)."""
     checkpoints = str(run_dir / "checkpoints")
     mapped: dict[str, dict[str, Any]] = {
         "generator": {
@@ -84,14 +86,13 @@ def service_values(node: NodeSpec, service: str, run_dir: Path) -> dict[str, Any
             "external_groups": node.external_groups,
             "round_mode": node.round_mode,
             "questions_per_round": node.questions_per_round,
-            "profile": node.profile,
+            "expected_peers": peers,
             "seed": node.seed,
         },
         "trainer": {
             "model": node.model,
-            "learning_rate": node.learning_rate,
-            "checkpoint_dir": checkpoints,
-            "step_log": str(run_dir / "steps" / f"{node.id}.jsonl"),
+            "lr": node.learning_rate,
+            "checkpoint_root": checkpoints,
             "seed": node.seed,
         },
     }
@@ -106,6 +107,7 @@ class Swarm:
     processes: list[ServiceProcess] = field(default_factory=list)
     broker: EmbeddedBroker | None = None
     bootstrap: str = ""
+    recorder: PolicyRecorder | None = None
 
     def start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -123,9 +125,19 @@ class Swarm:
             for spec in TopicNames.for_node(node.id, self.manifest.topic_prefix).specs()
         ]
         ensure_topics({"bootstrap.servers": self.bootstrap}, specs, timeout_s=30)
+        policy_topics = [
+            TopicNames.for_node(n.id, self.manifest.topic_prefix).policy for n in self.manifest.nodes
+        ]
+        self.recorder = PolicyRecorder(
+            self._consumer_config(), policy_topics, self.run_dir / "steps", f"{self.manifest.name}.recorder"
+        )
         for node in self.manifest.nodes:
             for service in SERVICES:
                 self.processes.append(self._spawn(node, service))
+
+    def _consumer_config(self) -> dict[str, str]:
+        profile = ConsumerProfile.local() if self.broker is not None else ConsumerProfile()
+        return {"bootstrap.servers": self.bootstrap} | profile.to_librdkafka()
 
     def _common_env(self, node: NodeSpec, service: str, port: int) -> dict[str, str]:
         values: dict[str, Any] = {
@@ -144,7 +156,8 @@ class Swarm:
         port = free_port()
         env = dict(os.environ)
         env |= self._common_env(node, service, port)
-        env |= flatten_env(service, service_values(node, service, self.run_dir))
+        peers = sum(1 for n in self.manifest.nodes if n.id != node.id and n.sharing != "none")
+        env |= flatten_env(service, service_values(node, service, self.run_dir, peers))
         env["PYTHONUNBUFFERED"] = "1"
         # Many processes share few cores: torch's default thread pool per process oversubscribes them.
         env.setdefault("OMP_NUM_THREADS", "1")
@@ -175,5 +188,8 @@ class Swarm:
                 except subprocess.TimeoutExpired:
                     p.proc.kill()
                     p.proc.wait()
+        if self.recorder is not None:
+            self.recorder.drain()
+            self.recorder.close()
         if self.broker is not None:
             self.broker.stop()

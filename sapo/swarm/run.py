@@ -43,8 +43,8 @@ def summarize(swarm: Swarm) -> dict[str, Any]:
     nodes: dict[str, Any] = {}
     for node in swarm.manifest.nodes:
         steps = read_steps(swarm.run_dir / "steps" / f"{node.id}.jsonl")
-        rewards = [s["reward_mean"] for s in steps if s.get("groups", 1)]
-        local = [s["local_reward_mean"] for s in steps if s.get("local_groups", 1)]
+        rewards = [s["reward_mean"] for s in steps if s["completion_tokens"]]
+        local = [s["local_reward_mean"] for s in steps if s["completion_tokens"]]
         nodes[node.id] = {
             "steps": len(steps),
             "reward_sum": sum(rewards),
@@ -81,6 +81,8 @@ def run_swarm(
         out.write(f"broker {swarm.bootstrap}; logs in {run_dir / 'logs'}\n")
         last_print = 0.0
         while not stop.is_set():
+            if swarm.recorder is not None:
+                swarm.recorder.drain()
             statuses = _statuses(swarm)
             now = time.monotonic()
             if live or now - last_print >= 15:
