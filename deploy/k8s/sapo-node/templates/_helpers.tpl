@@ -1,0 +1,246 @@
+{{/*
+Names and labels. Kubernetes names are capped at 63 characters.
+*/}}
+{{- define "sapo-node.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "sapo-node.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Name of one service's resources: <fullname>-<service>, the service suffix always kept. */}}
+{{- define "sapo-node.componentName" -}}
+{{- printf "%s-%s" (include "sapo-node.fullname" .root | trunc 52 | trimSuffix "-") .component }}
+{{- end }}
+
+{{- define "sapo-node.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Labels on every resource. The chart version appears only in helm.sh/chart, which is never part of
+a selector (selectors are immutable, so a chart upgrade would otherwise fail).
+*/}}
+{{- define "sapo-node.labels" -}}
+helm.sh/chart: {{ include "sapo-node.chart" . }}
+{{ include "sapo-node.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: sapo-swarm
+sapo-swarm.io/node-id: {{ .Values.nodeId | quote }}
+{{- end }}
+
+{{- define "sapo-node.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "sapo-node.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Labels of one service's resources; call with (dict "root" $ "component" "generator"). */}}
+{{- define "sapo-node.componentLabels" -}}
+{{ include "sapo-node.labels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "sapo-node.componentSelectorLabels" -}}
+{{ include "sapo-node.selectorLabels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "sapo-node.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "sapo-node.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "sapo-node.checkpointClaim" -}}
+{{- default (printf "%s-checkpoints" (include "sapo-node.fullname" .)) .Values.checkpoints.existingClaim }}
+{{- end }}
+
+{{/* Topic names, as sapo.topics.TopicNames.for_node builds them. */}}
+{{- define "sapo-node.nodeTopic" -}}
+{{- printf "%s.node.%s.%s" .root.Values.topicPrefix .root.Values.nodeId .kind }}
+{{- end }}
+
+{{/*
+Image of one service: the service's own override, else gpuImage (GPU generator) or image.
+Call with (dict "root" $ "component" "generator").
+*/}}
+{{- define "sapo-node.image" -}}
+{{- $svc := index .root.Values .component }}
+{{- $base := .root.Values.image }}
+{{- if and (eq .component "generator") .root.Values.generator.gpu.enabled }}
+{{- $base = .root.Values.gpuImage }}
+{{- end }}
+{{- $repo := default $base.repository $svc.image.repository }}
+{{- $tag := default (default .root.Chart.AppVersion $base.tag) $svc.image.tag }}
+{{- printf "%s:%s" $repo $tag }}
+{{- end }}
+
+{{- define "sapo-node.imagePullPolicy" -}}
+{{- $svc := index .root.Values .component }}
+{{- $base := .root.Values.image }}
+{{- if and (eq .component "generator") .root.Values.generator.gpu.enabled }}
+{{- $base = .root.Values.gpuImage }}
+{{- end }}
+{{- default $base.pullPolicy $svc.image.pullPolicy }}
+{{- end }}
+
+{{/*
+Env of one Kafka connection (sapo.settings.KafkaConnection) under <prefix><field>__.
+Call with (dict "prefix" "SAPO_SAMPLER_" "field" "KAFKA" "conn" .Values.kafka "caPath" "/path" "client" "id").
+Secrets come from existing Secrets only (secretKeyRef), never from values.
+*/}}
+{{- define "sapo-node.kafkaEnv" -}}
+{{- $p := printf "%s%s__" .prefix .field }}
+- name: {{ $p }}BOOTSTRAP_SERVERS
+  value: {{ required (printf "%s bootstrapServers is required" .field) .conn.bootstrapServers | quote }}
+- name: {{ $p }}SECURITY_PROTOCOL
+  value: {{ .conn.securityProtocol | quote }}
+- name: {{ $p }}CLIENT_ID
+  value: {{ .client | quote }}
+{{- if .conn.sasl.mechanism }}
+- name: {{ $p }}SASL_MECHANISM
+  value: {{ .conn.sasl.mechanism | quote }}
+{{- end }}
+{{- if .conn.sasl.username }}
+- name: {{ $p }}SASL_USERNAME
+  value: {{ .conn.sasl.username | quote }}
+{{- end }}
+{{- if .conn.sasl.passwordSecret.name }}
+- name: {{ $p }}SASL_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ .conn.sasl.passwordSecret.name }}
+      key: {{ .conn.sasl.passwordSecret.key }}
+{{- end }}
+{{- if .conn.caSecret.name }}
+- name: {{ $p }}SSL_CA_LOCATION
+  value: {{ printf "%s/%s" .caPath .conn.caSecret.key | quote }}
+{{- end }}
+{{- end }}
+
+{{/*
+Fail early, with what to set, on combinations the schema cannot express. Mirrors the checks in
+sapo.settings.KafkaConnection so a bad release fails at `helm install`, not in a crash loop.
+*/}}
+{{- define "sapo-node.validateKafka" -}}
+{{- $sasl := has .conn.securityProtocol (list "SASL_PLAINTEXT" "SASL_SSL") }}
+{{- if and $sasl (not .conn.sasl.mechanism) }}
+{{- fail (printf "%s.securityProtocol=%s needs %s.sasl.mechanism" .name .conn.securityProtocol .name) }}
+{{- end }}
+{{- if and (has .conn.sasl.mechanism (list "PLAIN" "SCRAM-SHA-256" "SCRAM-SHA-512")) (not (and .conn.sasl.username .conn.sasl.passwordSecret.name)) }}
+{{- fail (printf "%s.sasl.mechanism=%s needs %s.sasl.username and %s.sasl.passwordSecret.name (an existing Secret)" .name .conn.sasl.mechanism .name .name) }}
+{{- end }}
+{{- if and .conn.caSecret.name (not (has .conn.securityProtocol (list "SSL" "SASL_SSL"))) }}
+{{- fail (printf "%s.caSecret is set but %s.securityProtocol=%s does not use TLS; use SSL or SASL_SSL" .name .name .conn.securityProtocol) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Env shared by every service, then the service's settings map and raw extraEnv.
+Call with (dict "root" $ "component" "sampler").
+*/}}
+{{- define "sapo-node.env" -}}
+{{- $v := .root.Values }}
+{{- $svc := index $v .component }}
+{{- $prefix := printf "SAPO_%s_" (upper .component) }}
+{{- $client := printf "sapo-%s-%s" $v.nodeId .component }}
+- name: {{ $prefix }}NODE_ID
+  value: {{ $v.nodeId | quote }}
+- name: {{ $prefix }}TOPIC_PREFIX
+  value: {{ $v.topicPrefix | quote }}
+- name: {{ $prefix }}HTTP_PORT
+  value: {{ $v.httpPort | quote }}
+- name: {{ $prefix }}LOG_FORMAT
+  value: {{ $v.logFormat | quote }}
+- name: {{ $prefix }}LOG_LEVEL
+  value: {{ $v.logLevel | quote }}
+{{ include "sapo-node.kafkaEnv" (dict "prefix" $prefix "field" "KAFKA" "conn" $v.kafka "caPath" "/etc/sapo/kafka-ca" "client" $client) | trim }}
+{{- if $v.swarmKafka.enabled }}
+{{ include "sapo-node.kafkaEnv" (dict "prefix" $prefix "field" "SWARM_KAFKA" "conn" $v.swarmKafka "caPath" "/etc/sapo/swarm-kafka-ca" "client" $client) | trim }}
+{{- end }}
+{{- if $v.signingKey.secretName }}
+- name: {{ $prefix }}SIGNING_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ $v.signingKey.secretName }}
+      key: {{ $v.signingKey.key }}
+{{- end }}
+{{- if and $v.model (ne .component "sampler") }}
+{{- if hasKey $svc.settings "MODEL" }}
+{{- fail (printf "set the model once: model=%s and %s.settings.MODEL are both set" $v.model .component) }}
+{{- end }}
+- name: {{ $prefix }}MODEL
+  value: {{ $v.model | quote }}
+{{- end }}
+{{- if eq .component "trainer" }}
+- name: {{ $prefix }}CHECKPOINT_ROOT
+  value: {{ $v.checkpoints.mountPath | quote }}
+{{- end }}
+{{- if and (eq .component "generator") $v.generator.gpu.enabled (not (hasKey $svc.settings "BACKEND")) }}
+- name: {{ $prefix }}BACKEND
+  value: "vllm"
+{{- end }}
+{{- range $key, $value := $svc.settings }}
+{{- /* YAML numbers arrive as float64: print whole ones as integers, not 6e+07. */}}
+{{- $text := toString $value }}
+{{- if and (kindIs "float64" $value) (eq (float64 (int64 $value)) $value) }}
+{{- $text = int64 $value | toString }}
+{{- end }}
+- name: {{ $prefix }}{{ $key }}
+  value: {{ $text | quote }}
+{{- end }}
+{{- with $svc.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* CA bundle volumes of the Kafka connections that use one. */}}
+{{- define "sapo-node.kafkaCaVolumes" -}}
+{{- if .Values.kafka.caSecret.name }}
+- name: kafka-ca
+  secret:
+    secretName: {{ .Values.kafka.caSecret.name }}
+    items:
+      - key: {{ .Values.kafka.caSecret.key }}
+        path: {{ .Values.kafka.caSecret.key }}
+{{- end }}
+{{- if and .Values.swarmKafka.enabled .Values.swarmKafka.caSecret.name }}
+- name: swarm-kafka-ca
+  secret:
+    secretName: {{ .Values.swarmKafka.caSecret.name }}
+    items:
+      - key: {{ .Values.swarmKafka.caSecret.key }}
+        path: {{ .Values.swarmKafka.caSecret.key }}
+{{- end }}
+{{- end }}
+
+{{- define "sapo-node.kafkaCaMounts" -}}
+{{- if .Values.kafka.caSecret.name }}
+- name: kafka-ca
+  mountPath: /etc/sapo/kafka-ca
+  readOnly: true
+{{- end }}
+{{- if and .Values.swarmKafka.enabled .Values.swarmKafka.caSecret.name }}
+- name: swarm-kafka-ca
+  mountPath: /etc/sapo/swarm-kafka-ca
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/* True (non-empty) when the checkpoint claim can be mounted from several Kubernetes nodes. */}}
+{{- define "sapo-node.checkpointsShared" -}}
+{{- if has "ReadWriteMany" .Values.checkpoints.accessModes }}true{{ end }}
+{{- end }}

@@ -1,0 +1,343 @@
+"""The sapo-node Helm chart (deploy/k8s/sapo-node), checked offline: helm lint and helm template for
+every ci/ scenario, every rendered core manifest validated with `kubernetes-validate --strict`,
+labels and selectors (never the chart version), the Deployments' shape, the env contract checked
+against the services' own settings classes, and the values schema refusing typos.
+
+Monitoring objects and Strimzi topics are in test_monitoring.py; helpers in helm.py.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.deploy.helm import (
+    CHART,
+    CI_VALUES,
+    CRD_API,
+    KUBE_VERSIONS,
+    NAMESPACE,
+    SERVICES,
+    container,
+    deployment,
+    env_of,
+    of_kind,
+    render,
+    require_tool,
+    run,
+    template_error,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def test_every_scenario_has_a_values_file() -> None:
+    names = {p.name for p in CI_VALUES}
+    assert names == {
+        "minimal-values.yaml",
+        "full-monitoring-strimzi-values.yaml",
+        "gpu-generator-values.yaml",
+        "external-sasl-kafka-values.yaml",
+    }
+
+
+# --- helm lint / template -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values", [None, *CI_VALUES], ids=lambda p: p.name if p else "defaults")
+def test_helm_lint(values: Path | None) -> None:
+    helm = require_tool("helm")
+    args = [helm, "lint", "--strict", str(CHART)] + (["-f", str(values)] if values else [])
+    result = run(*args)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_scenario_renders_one_node(scenario: Path) -> None:
+    docs = render(scenario)
+    assert [d["metadata"]["name"].rsplit("-", 1)[1] for d in of_kind(docs, "Deployment")] == list(SERVICES)
+    assert len(of_kind(docs, "Service")) == 3
+    assert len(of_kind(docs, "ServiceAccount")) == 1
+    assert len(of_kind(docs, "PersistentVolumeClaim")) == 1
+    for doc in docs:
+        if doc["kind"] not in ("KafkaTopic", "ConfigMap"):  # these may live in another namespace
+            assert doc["metadata"]["namespace"] == NAMESPACE
+
+
+# --- Kubernetes schemas (core kinds; CRDs are checked in test_monitoring.py) -----------------------
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+def test_core_manifests_pass_kubernetes_validate_strict(
+    scenario: Path, kube_version: str, tmp_path: Path
+) -> None:
+    validator = require_tool("kubernetes-validate")
+    core = [doc for doc in render(scenario) if doc["kind"] not in CRD_API]
+    manifest = tmp_path / "core.yaml"
+    manifest.write_text(yaml.safe_dump_all(core))
+    result = run(validator, "--strict", "--kubernetes-version", kube_version, str(manifest))
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    # Without a schema the tool only warns: a core kind must never get through unchecked.
+    assert "Couldn't find schema" not in output, output
+
+
+# --- labels and selectors -------------------------------------------------------------------------
+
+
+def chart_version() -> str:
+    version: str = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
+    return version
+
+
+def selectors(doc: dict[str, Any]) -> list[dict[str, str]]:
+    spec = doc.get("spec", {})
+    if doc["kind"] == "Deployment":
+        return [spec["selector"]["matchLabels"]]
+    if doc["kind"] == "Service":
+        return [spec["selector"]]
+    if doc["kind"] == "ServiceMonitor":
+        return [spec["selector"]["matchLabels"]]
+    return []
+
+
+def test_selectors_never_contain_the_chart_version(scenario: Path) -> None:
+    version = chart_version()
+    docs = render(scenario, "serviceMonitor.enabled=true")
+    found = [s for doc in docs for s in selectors(doc)]
+    assert found
+    for selector in found:
+        assert "helm.sh/chart" not in selector and "app.kubernetes.io/version" not in selector
+        assert not any(version in value for value in selector.values()), selector
+
+
+def test_standard_labels_on_every_object(scenario: Path) -> None:
+    for doc in render(scenario):
+        labels = doc["metadata"]["labels"]
+        assert labels["helm.sh/chart"] == f"sapo-node-{chart_version()}"
+        for key in ("name", "instance", "version", "managed-by", "part-of"):
+            assert f"app.kubernetes.io/{key}" in labels, (doc["kind"], key)
+
+
+def test_each_service_selects_its_own_deployment_pods(scenario: Path) -> None:
+    docs = render(scenario)
+    for svc in of_kind(docs, "Service"):
+        matches = [
+            dep
+            for dep in of_kind(docs, "Deployment")
+            if svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+        ]
+        assert [m["metadata"]["name"] for m in matches] == [svc["metadata"]["name"]]
+    for dep in of_kind(docs, "Deployment"):
+        pod_labels = dep["spec"]["template"]["metadata"]["labels"]
+        assert dep["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+
+
+# --- deployments ---------------------------------------------------------------------------------
+
+
+def test_trainer_and_sampler_are_single_recreated_owners(scenario: Path) -> None:
+    """One trainer (checkpoint writer, batch consumer) and one sampler (batch sequence owner) per
+    node, never two at once, not even during an update."""
+    docs = render(scenario)
+    for service in ("trainer", "sampler"):
+        dep = deployment(docs, service)
+        assert dep["spec"]["replicas"] == 1
+        assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    trainer = deployment(docs, "trainer")
+    mounts = {m["name"]: m for m in container(trainer)["volumeMounts"]}
+    assert mounts["checkpoints"]["readOnly"] is False
+    gen_mounts = {m["name"]: m for m in container(deployment(docs, "generator"))["volumeMounts"]}
+    assert gen_mounts["checkpoints"]["readOnly"] is True
+    # Same path in both: the manifest URIs on the policy topic are file:// paths.
+    assert gen_mounts["checkpoints"]["mountPath"] == mounts["checkpoints"]["mountPath"]
+    assert "checkpoints" not in {m["name"] for m in container(deployment(docs, "sampler"))["volumeMounts"]}
+
+
+def test_probes_and_port(scenario: Path) -> None:
+    for dep in of_kind(render(scenario), "Deployment"):
+        c = container(dep)
+        assert c["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+        assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+        assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+        assert c["command"] == [f"sapo-{c['name']}"]
+        assert dep["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+
+
+def test_trainer_grace_period_is_configurable() -> None:
+    docs = render(None, "trainer.terminationGracePeriodSeconds=3600")
+    assert deployment(docs, "trainer")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 3600
+
+
+def test_gpu_generator_gets_gpu_image_resource_and_vllm() -> None:
+    docs = render(CHART / "ci/gpu-generator-values.yaml")
+    gen = container(deployment(docs, "generator"))
+    assert gen["image"] == "registry.example.com/sapo/sapo-swarm-gpu:0.1.0"
+    assert gen["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert {"name": "SAPO_GENERATOR_BACKEND", "value": "vllm"} in gen["env"]
+    assert "shm" in {m["name"] for m in gen["volumeMounts"]}
+    # The sampler keeps the CPU image.
+    assert container(deployment(docs, "sampler"))["image"] == "sapo-swarm:0.1.0"
+
+
+def test_model_is_set_once_for_generator_and_trainer() -> None:
+    docs = render(None, "model=Qwen/Qwen2.5-0.5B-Instruct")
+    for service in ("generator", "trainer"):
+        env = env_of(deployment(docs, service))
+        assert {"name": f"SAPO_{service.upper()}_MODEL", "value": "Qwen/Qwen2.5-0.5B-Instruct"} in env
+    assert not [v for v in env_of(deployment(docs, "sampler")) if v["name"].endswith("_MODEL")]
+
+
+def test_one_service_image_can_be_swapped() -> None:
+    docs = render(None, "sampler.image.repository=example.org/my-sampler", "sampler.image.tag=2.0")
+    assert container(deployment(docs, "sampler"))["image"] == "example.org/my-sampler:2.0"
+    assert container(deployment(docs, "generator"))["image"] == "sapo-swarm:0.1.0"
+
+
+def test_rwo_checkpoints_pin_generators_to_the_trainer_node() -> None:
+    rwo = deployment(render(None), "generator")["spec"]["template"]["spec"]
+    term = rwo["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+    assert term["labelSelector"]["matchLabels"]["app.kubernetes.io/component"] == "trainer"
+    rwx = deployment(render(None, "checkpoints.accessModes={ReadWriteMany}"), "generator")
+    assert "affinity" not in rwx["spec"]["template"]["spec"]
+
+
+# --- env contract --------------------------------------------------------------------------------
+
+
+def test_secrets_come_from_secret_refs_only(scenario: Path) -> None:
+    for dep in of_kind(render(scenario), "Deployment"):
+        for var in env_of(dep):
+            if var["name"].endswith(("SASL_PASSWORD", "SIGNING_KEY", "KEY_PASSWORD")):
+                assert set(var) == {"name", "valueFrom"}, var
+                assert set(var["valueFrom"]) == {"secretKeyRef"}
+
+
+def test_common_env_on_every_service(scenario: Path) -> None:
+    config = yaml.safe_load(scenario.read_text())
+    for service in SERVICES:
+        env = {v["name"]: v for v in env_of(deployment(render(scenario), service))}
+        prefix = f"SAPO_{service.upper()}_"
+        for field in ("NODE_ID", "TOPIC_PREFIX", "HTTP_PORT", "LOG_FORMAT", "KAFKA__BOOTSTRAP_SERVERS"):
+            assert prefix + field in env, (service, field)
+        assert env[prefix + "NODE_ID"]["value"] == config["nodeId"]
+        assert env[prefix + "HTTP_PORT"]["value"] == "8080"
+        assert env[prefix + "LOG_FORMAT"]["value"] == "json"
+        assert (prefix + "SWARM_KAFKA__BOOTSTRAP_SERVERS" in env) == bool(
+            config.get("swarmKafka", {}).get("enabled")
+        )
+        names = [v["name"] for v in env_of(deployment(render(scenario), service))]
+        assert len(names) == len(set(names)), "duplicate env names"
+
+
+def settings_class(service: str) -> type[Any]:
+    """The service's settings class (a ServiceSettings subclass in services/<service>/settings.py)."""
+    from sapo.settings import ServiceSettings
+
+    try:
+        module = importlib.import_module(f"services.{service}.settings")
+    except ModuleNotFoundError:
+        pytest.skip(f"services/{service}/settings.py does not exist yet: env contract unchecked")
+    (cls,) = [
+        c
+        for _, c in inspect.getmembers(module, inspect.isclass)
+        if issubclass(c, ServiceSettings) and c is not ServiceSettings and c.__module__ == module.__name__
+    ]
+    return cls
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_rendered_env_is_accepted_by_the_service_settings(
+    scenario: Path, service: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every SAPO_<SERVICE>_* variable the chart sets is a real, valid setting of that service:
+    a misspelt top-level name would otherwise be silently ignored by pydantic-settings."""
+    cls = settings_class(service)
+    prefix = f"SAPO_{service.upper()}_"
+    env = env_of(deployment(render(scenario), service))
+    own = {v["name"].removeprefix(prefix): v for v in env if v["name"].startswith(prefix)}
+    unknown = sorted(name for name in own if name.split("__")[0].lower() not in cls.model_fields)
+    assert not unknown, f"{cls.__name__} has no field for {[prefix + n for n in unknown]}"
+    for name in [n for n in os.environ if n.startswith("SAPO_")]:
+        monkeypatch.delenv(name)
+    for name, var in own.items():
+        monkeypatch.setenv(prefix + name, var.get("value", "secret-from-kubernetes"))
+    cls()  # raises ValidationError with the offending variable
+
+
+# --- values schema -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("override", "complaint"),
+    [
+        ("generator.replica=2", "replica"),  # typo of replicas
+        ("trainer.replicas=2", "replicas"),  # the trainer is always one
+        ("sampler.replicas=2", "replicas"),  # so is the sampler
+        ("kafka.bootstrapServer=x:9092", "bootstrapServer"),
+        ("serviceMonitor.enable=true", "enable"),
+        ("kafka.securityProtocol=SASL", "securityProtocol"),
+        ("nodeId=Node_0", "nodeId"),
+        # Helm 4 names the key, Helm 3 only the map.
+        ("sampler.settings.KAFKA__SASL_PASSWORD=hunter2", "KAFKA__SASL_PASSWORD|sampler.settings"),
+        ("generator.settings.NODE_ID=other", "NODE_ID|generator.settings"),  # set by the chart
+    ],
+)
+def test_schema_rejects(override: str, complaint: str) -> None:
+    """values.schema.json catches typos and values the services would refuse, at install time."""
+    error = template_error(override)
+    assert re.search(complaint, error), error
+
+
+@pytest.mark.parametrize(
+    ("overrides", "complaint"),
+    [
+        (("kafka.securityProtocol=SASL_SSL",), "needs kafka.sasl.mechanism"),
+        (
+            ("kafka.securityProtocol=SASL_SSL", "kafka.sasl.mechanism=SCRAM-SHA-512"),
+            "kafka.sasl.passwordSecret.name",
+        ),
+        (("swarmKafka.enabled=true",), "SWARM_KAFKA bootstrapServers is required"),
+        (("kafka.caSecret.name=ca",), "does not use TLS"),
+        (("model=m", "trainer.settings.MODEL=other"), "set the model once"),
+    ],
+)
+def test_inconsistent_kafka_settings_fail_at_install(overrides: tuple[str, ...], complaint: str) -> None:
+    assert complaint in template_error(*overrides)
+
+
+# Kubernetes objects passed through as they are: their fields are documented by Kubernetes (or Kafka).
+FREE_FORM_KEYS = {
+    "podSecurityContext",
+    "containerSecurityContext",
+    "resources",
+    "liveness",
+    "readiness",
+    "config",
+}
+
+
+def test_every_values_key_is_commented() -> None:
+    """prometheus-community style: a comment directly above every key of values.yaml, except inside
+    pass-through Kubernetes objects (FREE_FORM_KEYS)."""
+    key = re.compile(r"^(\s*)([A-Za-z][\w.-]*):")
+    ancestors: list[tuple[int, str]] = []
+    uncommented = []
+    previous = ""
+    for line in (CHART / "values.yaml").read_text().splitlines():
+        match = key.match(line)
+        if match:
+            indent, name = len(match.group(1)), match.group(2)
+            ancestors = [(i, n) for i, n in ancestors if i < indent]
+            inside_free_form = any(n in FREE_FORM_KEYS for _, n in ancestors)
+            if not previous.strip().startswith("#") and not inside_free_form:
+                uncommented.append(line.strip())
+            ancestors.append((indent, name))
+        previous = line
+    assert not uncommented, f"values.yaml keys without a comment: {uncommented}"
