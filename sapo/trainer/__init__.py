@@ -1,0 +1,36 @@
+"""The training core, without Kafka: batches -> rows -> GRPO steps -> versioned, resumable checkpoints.
+
+- `sequences`: rows from a TrainingBatch (as sampled vs re-tokenized) and where each row's pi_old comes from.
+- `step`: micro-batching, pi_old per row mode, the optimizer step(s) of one batch.
+- `optim`: AdamW and its warmup / constant / cosine schedule.
+- `state`: the resumable state (`trainer_state.pt`): optimizer, schedule, RNG, offsets, ledger.
+- `engine`: `Trainer`, which ties them together and documents the delivery semantics.
+"""
+
+from sapo.trainer.engine import StepReport, Trainer
+from sapo.trainer.optim import OptimConfig, Schedule, lr_factor
+from sapo.trainer.sequences import BuiltBatch, ExternalLogprobs, Row, RowMode, SequenceBuilder
+from sapo.trainer.state import TRAINER_STATE, LedgerEntry, TrainerState
+from sapo.trainer.step import MicroBatch, Precision, StepConfig, StepStats, plan_micro_batches, train_on_batch
+
+__all__ = [
+    "TRAINER_STATE",
+    "BuiltBatch",
+    "ExternalLogprobs",
+    "LedgerEntry",
+    "MicroBatch",
+    "OptimConfig",
+    "Precision",
+    "Row",
+    "RowMode",
+    "Schedule",
+    "SequenceBuilder",
+    "StepConfig",
+    "StepReport",
+    "StepStats",
+    "Trainer",
+    "TrainerState",
+    "lr_factor",
+    "plan_micro_batches",
+    "train_on_batch",
+]

@@ -1,0 +1,196 @@
+"""The training core: a model, its optimizer and schedule, and the state that makes resumption exact.
+
+No Kafka here. `Trainer.apply` turns one `TrainingBatch` into one policy version: rows are built
+(`sapo.trainer.sequences`), packed into micro-batches and stepped (`sapo.trainer.step`); a batch with
+nothing to train (no groups: a lock-step round without signal, or only failed completions) takes no
+optimizer step but still advances the version, so a round-based sampler waiting for it can move on.
+Version = number of batches applied (0 = the initial weights).
+
+Delivery semantics, with the service loop around it (`services.trainer.core`):
+
+- Input is at-least-once: a batch may be delivered again after a crash or a rebalance.
+- The effect is exactly-once. A checkpoint holds the weights and, in `trainer_state.pt`, the optimizer,
+  schedule and RNG states, the next input offset of every batch partition, the next expected batch
+  sequence and the ledger version -> batch id. It is written before the policy is announced and before
+  the batch's offset is committed; on start the latest checkpoint is loaded and the consumer is
+  positioned at its offsets (the checkpoint is the source of truth, the committed offset is advisory).
+- A batch whose sequence is below the next expected one, or whose id is in the ledger, is a duplicate
+  and is skipped. A sequence above the expected one (a batch lost upstream) is trained and counted as
+  a gap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import time
+from dataclasses import dataclass
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from sapo.checkpoints import (
+    CheckpointError,
+    CheckpointStore,
+    Written,
+    load_extra,
+    load_weights,
+    read_manifest,
+)
+from sapo.kafka.records import TopicPartition
+from sapo.trainer.optim import OptimConfig, build_optimizer, current_lr
+from sapo.trainer.sequences import BuiltBatch, ExternalLogprobs, SequenceBuilder
+from sapo.trainer.state import TRAINER_STATE, LedgerEntry, TrainerState, deserialize, serialize
+from sapo.trainer.step import (
+    StepConfig,
+    StepStats,
+    checkpointed_layers_training,
+    plan_micro_batches,
+    train_on_batch,
+)
+from sapo.v1 import batch_pb2
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What applying one batch did. `stats` is None when no optimizer step was taken."""
+
+    version: int
+    batch_id: str
+    sequence: int
+    gap: int
+    built: BuiltBatch
+    stats: StepStats | None
+    lr: float
+    seconds: float
+
+
+class Trainer:
+    """Owns the model being trained; see the module docstring."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        model_ref: str,
+        node_id: str,
+        store: CheckpointStore,
+        optim: OptimConfig,
+        step: StepConfig,
+        max_sequence_tokens: int,
+        external_logprobs: ExternalLogprobs = "on_policy",
+        gradient_checkpointing: bool = False,
+    ) -> None:
+        self.model = model
+        self.model_ref = model_ref
+        self.node_id = node_id
+        self.store = store
+        self.step_config = step
+        self.builder = SequenceBuilder(
+            tokenizer, max_sequence_tokens=max_sequence_tokens, external_logprobs=external_logprobs
+        )
+        pad = tokenizer.pad_token_id
+        self.pad_token_id = int(pad) if pad is not None else self.builder.eos_token_id
+        self.gradient_checkpointing = gradient_checkpointing
+        if gradient_checkpointing:
+            model.activation_checkpointing_enable()
+        model.eval()  # type: ignore[no-untyped-call]
+        self.optimizer, self.scheduler = build_optimizer(model.parameters(), optim)
+        self.state = TrainerState()
+
+    @property
+    def version(self) -> int:
+        return self.state.version
+
+    @property
+    def lr(self) -> float:
+        return current_lr(self.optimizer)
+
+    def is_duplicate(self, batch: batch_pb2.TrainingBatch) -> bool:
+        """Already applied: below the next expected sequence, or its id is in the ledger."""
+        return int(batch.sequence) < self.state.next_sequence or self.state.trained(batch.batch_id)
+
+    def apply(self, batch: batch_pb2.TrainingBatch) -> StepReport:
+        """Train on one (non-duplicate) batch and advance the version by one."""
+        started = time.perf_counter()
+        built = self.builder.build(batch, self.state.version)
+        stats: StepStats | None = None
+        if built.rows:
+            micro = plan_micro_batches(built.rows, self.pad_token_id, self.step_config.micro_batch_tokens)
+            layers = (
+                checkpointed_layers_training(self.model)
+                if self.gradient_checkpointing
+                else contextlib.nullcontext()
+            )
+            with layers:
+                stats = train_on_batch(self.model, self.optimizer, self.scheduler, micro, self.step_config)
+        gap = int(batch.sequence) - self.state.next_sequence
+        self.state.version += 1
+        self.state.next_sequence = int(batch.sequence) + 1
+        steps = stats.optimizer_steps if stats is not None else 0
+        self.state.ledger.append(LedgerEntry(self.state.version, batch.batch_id, int(batch.sequence), steps))
+        return StepReport(
+            version=self.state.version,
+            batch_id=batch.batch_id,
+            sequence=int(batch.sequence),
+            gap=gap,
+            built=built,
+            stats=stats,
+            lr=self.lr,
+            seconds=time.perf_counter() - started,
+        )
+
+    def note_offset(self, tp: TopicPartition, next_offset: int) -> None:
+        """Record that input up to `next_offset` of `tp` is reflected in the weights."""
+        self.state.offsets[tp] = max(next_offset, self.state.offsets.get(tp, 0))
+
+    def checkpoint(self) -> Written:
+        """Write the current version: weights plus `trainer_state.pt` (see `sapo.trainer.state`)."""
+        last = self.state.ledger[-1] if self.state.ledger else None
+        meta = {
+            "batch_id": last.batch_id if last else "",
+            "sequence": last.sequence if last else -1,
+            "tokenizer_fingerprint": self.builder.fingerprint,
+        }
+        return self.store.write(
+            self.node_id,
+            self.state.version,
+            self.model.state_dict(),
+            base_model=self.model_ref,
+            extras={TRAINER_STATE: serialize(self.state, self.optimizer, self.scheduler)},
+            meta=meta,
+        )
+
+    def restore(self) -> Written | None:
+        """Load the latest checkpoint of this node (weights, optimizer, schedule, RNG, state), if any."""
+        latest = self.store.latest(self.node_id)
+        if latest is None:
+            return None
+        manifest, directory = read_manifest(latest.manifest_uri, latest.manifest_sha256)
+        if manifest.base_model != self.model_ref:
+            raise CheckpointError(
+                "base_model_mismatch",
+                f"the checkpoints under {self.store.node_dir(self.node_id)} were trained from "
+                f"{manifest.base_model!r}, not {self.model_ref!r}: set the model to {manifest.base_model!r} "
+                "or point the checkpoint root at a fresh directory",
+            )
+        self.model.load_state_dict(load_weights(manifest, directory), strict=True)
+        self.state = deserialize(
+            load_extra(manifest, directory, TRAINER_STATE), self.optimizer, self.scheduler
+        )
+        log.info("resumed %s at version %d from %s", self.node_id, self.state.version, latest.manifest_uri)
+        return latest
+
+    def initialize(self) -> tuple[Written, bool]:
+        """Resume from the latest checkpoint, or write version 0 (the initial weights) so generators
+        have something to load. Returns the checkpoint to announce and whether it was resumed."""
+        for leftover in self.store.node_dir(self.node_id).glob(".tmp-*"):
+            # Half-written versions of a trainer killed mid-write; one trainer owns this directory.
+            shutil.rmtree(leftover, ignore_errors=True)
+        restored = self.restore()
+        if restored is not None:
+            return restored, True
+        return self.checkpoint(), False

@@ -1,0 +1,314 @@
+"""The trainer service: consume training batches, step, checkpoint, announce, commit.
+
+Delivery semantics (DESIGN section 5; the training side is documented in `sapo.trainer.engine`):
+
+- Input: `<prefix>.node.<id>.batches`, at-least-once. Idempotency key: the batch sequence (and id).
+- Per batch: decode and validate (bad input is dead-lettered) -> skip duplicates -> train -> hold the
+  record. Every `checkpoint_every` batches, when idle with unsaved steps, and when stopping: write the
+  checkpoint (weights + optimizer + schedule + RNG + next offsets + ledger) -> `send_sync` the
+  `PolicyUpdate` (compacted topic, key = node id) -> finish the held records -> commit. A crash before
+  the checkpoint replays the uncheckpointed batches; a crash after it re-announces the version on
+  restart, and the consumer starts at the checkpoint's offsets (`on_assign`), not at the possibly older
+  committed ones, so nothing is trained twice or skipped.
+- On start: resume from the latest checkpoint, or write version 0 (the initial weights); either way
+  announce it, so a (re)starting generator has something to load.
+- One trainer replica per node: it owns the node's checkpoint directory and its policy versions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable, Iterator
+
+import torch
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from sapo.checkpoints import CheckpointStore, Written, read_manifest
+from sapo.kafka import (
+    ConsumerClient,
+    ConsumerLoop,
+    DeadLetters,
+    Disposition,
+    Publisher,
+    Record,
+    TransportMetrics,
+)
+from sapo.kafka.records import TopicPartition
+from sapo.lifecycle import StopFlag
+from sapo.models import load_model
+from sapo.ops import Health
+from sapo.service import Runtime
+from sapo.topics import TopicNames
+from sapo.trainer import StepReport, Trainer
+from sapo.v1 import batch_pb2, policy_pb2
+from sapo.wire import SCHEMA_VERSION, InvalidMessageError, decode, message_headers, validate_batch
+from services.trainer.metrics import TrainerMetrics
+from services.trainer.settings import TrainerSettings
+
+log = logging.getLogger(__name__)
+
+SERVICE = "trainer"
+READY_CONDITIONS = ("model_loaded", "partitions_assigned")
+
+
+def build_trainer(settings: TrainerSettings) -> Trainer:
+    """Load the model named by the settings and wrap it in a `Trainer` (not yet resumed)."""
+    torch.manual_seed(settings.seed)
+    model, tokenizer = load_model(settings.model, dtype=torch.float32, device=settings.device)
+    return Trainer(
+        model,
+        tokenizer,
+        model_ref=settings.model,
+        node_id=settings.node_id,
+        store=CheckpointStore(settings.checkpoint_root, keep_last=settings.keep_last),
+        optim=settings.optim_config(),
+        step=settings.step_config(),
+        max_sequence_tokens=settings.max_sequence_tokens,
+        external_logprobs=settings.external_logprobs,
+        gradient_checkpointing=settings.gradient_checkpointing,
+    )
+
+
+def checked_batch(record: Record, node_id: str, max_bytes: int) -> batch_pb2.TrainingBatch:
+    """Decode and validate one batch. A batch without groups is valid: it advances the version."""
+    batch = decode(batch_pb2.TrainingBatch, record.value, max_bytes)
+    if not batch.batch_id:
+        raise InvalidMessageError("missing_batch_id")
+    problem = validate_batch(batch) if batch.groups else None
+    if problem is not None:
+        raise InvalidMessageError(problem)
+    if batch.node_id != node_id:
+        raise InvalidMessageError("wrong_node", f"batch for {batch.node_id!r} reached {node_id!r}")
+    return batch
+
+
+class TrainerService:
+    """Wires a `Trainer` to the batch stream, the policy topic, health and metrics."""
+
+    def __init__(
+        self,
+        settings: TrainerSettings,
+        trainer: Trainer,
+        *,
+        client: ConsumerClient,
+        publisher: Publisher,
+        topics: TopicNames,
+        health: Health,
+        metrics: TrainerMetrics,
+        transport: TransportMetrics,
+        stop: StopFlag,
+        dead_letters: DeadLetters | None = None,
+        poll_timeout_s: float = 1.0,
+    ) -> None:
+        self.settings = settings
+        self.trainer = trainer
+        self.publisher = publisher
+        self.topics = topics
+        self.health = health
+        self.metrics = metrics
+        self.stop = stop
+        self.loop = ConsumerLoop(
+            client,
+            [topics.batches],
+            self.handle,
+            stop=stop,
+            metrics=transport,
+            dead_letters=dead_letters,
+            stream_of=lambda topic: "batches",
+            on_idle=self.on_idle,
+            on_assign=self.on_assign,
+            on_revoke=self.on_revoke,
+            poll_timeout_s=poll_timeout_s,
+        )
+        self._held: list[Record] = []
+        self._announced = -1
+        self._last_report: StepReport | None = None
+        health.require(*READY_CONDITIONS)
+        health.set_max_silence(settings.step_max_silence_s)  # model loading and resume come first
+
+    @classmethod
+    def from_runtime(cls, settings: TrainerSettings, runtime: Runtime) -> TrainerService:
+        runtime.health.set_max_silence(settings.step_max_silence_s)  # the first model load can be slow
+        return cls(
+            settings,
+            build_trainer(settings),
+            client=runtime.consumer(SERVICE),
+            publisher=runtime.publisher,
+            topics=runtime.topics,
+            health=runtime.health,
+            metrics=TrainerMetrics(runtime.registry),
+            transport=runtime.transport,
+            stop=runtime.stop,
+            dead_letters=runtime.dead_letters,
+        )
+
+    def start(self) -> None:
+        """Resume or write version 0, announce it, and become ready to consume."""
+        log.info(
+            "training %s on %s: lr %.3g (%s schedule, warmup %d), precision %s, steps_per_batch %d",
+            self.settings.model,
+            self.settings.device,
+            self.trainer.lr,
+            self.settings.lr_schedule,
+            self.settings.warmup_steps,
+            self.settings.precision,
+            self.settings.steps_per_batch,
+        )
+        written, resumed = self.trainer.initialize()
+        log.info("%s version %d", "resumed at" if resumed else "wrote initial", self.trainer.version)
+        self._announce(written)
+        self.metrics.policy_version.set(self.trainer.version)
+        self.metrics.learning_rate.set(self.trainer.lr)
+        self.health.set("model_loaded", True)
+        self.health.set_max_silence(self.settings.idle_max_silence_s)
+        self.health.beat()
+
+    def run(self, *, until: Callable[[], bool] | None = None, idle_timeout_s: float | None = None) -> None:
+        """Consume until stopped (SIGTERM; or `until()`, or idle for `idle_timeout_s`: tests), then
+        checkpoint what is unsaved and leave the group."""
+        try:
+            self.loop.run(until=until, idle_timeout_s=idle_timeout_s, close=False)
+            self.flush()
+        finally:
+            self.loop.close()
+
+    def handle(self, record: Record) -> Disposition:
+        batch = checked_batch(record, self.settings.node_id, self.settings.max_message_bytes)
+        if self.trainer.is_duplicate(batch):
+            log.info("batch %s (sequence %d) already trained; skipped", batch.batch_id, batch.sequence)
+            self.metrics.batches.labels("duplicate").inc()
+            self.trainer.note_offset(record.tp, record.offset + 1)
+            return Disposition.DONE
+        with self._busy():
+            report = self.trainer.apply(batch)
+            self.trainer.note_offset(record.tp, record.offset + 1)
+            self._held.append(record)
+            self._last_report = report
+            self.metrics.observe(report)
+            self._log_step(report)
+            due = self.trainer.version - self._announced >= self.settings.checkpoint_every
+            if due or self.stop.is_set():
+                self._checkpoint_and_release()
+        return Disposition.HELD
+
+    @contextlib.contextmanager
+    def _busy(self) -> Iterator[None]:
+        """Widen the liveness window for a step or a checkpoint, which block the poll loop."""
+        self.health.set_max_silence(self.settings.step_max_silence_s)
+        try:
+            yield
+        finally:
+            self.health.set_max_silence(self.settings.idle_max_silence_s)
+            self.health.beat()
+
+    def flush(self) -> None:
+        """Checkpoint and announce unsaved steps, then release their input records for commit."""
+        if self.trainer.version == self._announced:
+            return
+        with self._busy():
+            self._checkpoint_and_release()
+
+    def _checkpoint_and_release(self) -> None:
+        started = time.perf_counter()
+        written = self.trainer.checkpoint()
+        self.metrics.checkpoint_seconds.observe(time.perf_counter() - started)
+        self._announce(written)
+        for record in self._held:
+            self.loop.finish(record)
+        self._held.clear()
+        self.loop.commit()
+
+    def on_idle(self) -> None:
+        self.health.beat()
+        if self._held:
+            self.flush()  # a lock-step sampler waits for this version before it sends the next batch
+
+    def on_assign(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        """Start every partition at the offset the weights in memory reflect (the checkpoint's on start)."""
+        self.health.set("partitions_assigned", True)
+        offsets = self.trainer.state.offsets
+        starts = {tp: offsets[tp] for tp in tps if tp in offsets}
+        log.info("assigned %s; starting at %s (others at the committed offset)", tps, starts)
+        return starts
+
+    def on_revoke(self, tps: list[TopicPartition]) -> None:
+        self.health.set("partitions_assigned", bool(self.loop.assigned.difference(tps)))
+
+    def _announce(self, written: Written) -> None:
+        manifest, _ = read_manifest(written.manifest_uri, written.manifest_sha256)
+        created = Timestamp()
+        created.FromNanoseconds(int(manifest.created_at * 1e9))
+        update = policy_pb2.PolicyUpdate(
+            schema_version=SCHEMA_VERSION,
+            node_id=self.settings.node_id,
+            version=manifest.version,
+            manifest_uri=written.manifest_uri,
+            manifest_sha256=written.manifest_sha256,
+            created_at=created,
+            batch_id=str(manifest.meta.get("batch_id", "")),
+        )
+        report = self._last_report
+        if report is not None and report.version == manifest.version:
+            update.metrics.CopyFrom(step_metrics(report))
+        value = update.SerializeToString()
+        node = self.settings.node_id
+        self.publisher.send_sync(
+            self.topics.policy,
+            node.encode(),
+            value,
+            message_headers("PolicyUpdate", node, value),
+            timeout_s=self.settings.announce_timeout_s,
+        )
+        self._announced = manifest.version
+        self.metrics.announced_version.set(manifest.version)
+        log.info("announced version %d: %s", manifest.version, written.manifest_uri)
+
+    def _log_step(self, report: StepReport) -> None:
+        stats = report.stats
+        if stats is None:
+            log.info("version %d: batch %s had nothing to train; no update", report.version, report.batch_id)
+            return
+        m = stats.metrics
+        log.info(
+            "version %d: batch %s, %d rows, %d tokens, loss %.4f, reward %.3f, clip %.3f/%.3f, "
+            "is_mean %.3f, entropy %.3f, grad_norm %.3f, lr %.3g, %.2f s",
+            report.version,
+            report.batch_id,
+            len(report.built.rows),
+            stats.completion_tokens,
+            m.loss,
+            report.built.reward_mean(),
+            m.clip_fraction_low,
+            m.clip_fraction_high,
+            m.is_ratio_mean,
+            m.entropy_mean,
+            stats.grad_norm,
+            report.lr,
+            report.seconds,
+        )
+
+
+def step_metrics(report: StepReport) -> policy_pb2.StepMetrics:
+    """The wire summary of a step; NaN ("no data") becomes 0 as the contract asks."""
+
+    def finite(value: float) -> float:
+        return value if math.isfinite(value) else 0.0
+
+    built = report.built
+    proto = policy_pb2.StepMetrics(
+        reward_mean=finite(built.reward_mean()),
+        local_reward_mean=finite(built.reward_mean(local_only=True)),
+        step_seconds=report.seconds,
+    )
+    if report.stats is not None:
+        m = report.stats.metrics
+        proto.loss = finite(m.loss)
+        proto.clip_fraction_low = finite(m.clip_fraction_low)
+        proto.clip_fraction_high = finite(m.clip_fraction_high)
+        proto.grad_norm = finite(report.stats.grad_norm)
+        proto.entropy = finite(m.entropy_mean)
+        proto.completion_tokens = report.stats.completion_tokens
+    return proto

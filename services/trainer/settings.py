@@ -1,0 +1,183 @@
+"""Trainer settings: env prefix `SAPO_TRAINER_`, nested fields with `__` (`SAPO_TRAINER_CONSUMER__...`).
+
+Grouped as TRL's GRPOConfig is: model and numerics, optimization, the GRPO loss, sequences, checkpoints,
+operations. Every field is bounded; combinations that cannot work fail at start with what to set.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Self
+
+from pydantic import Field, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from sapo.grpo import LossConfig
+from sapo.models import BUNDLED_REF
+from sapo.settings import ServiceSettings
+from sapo.trainer import OptimConfig, StepConfig
+
+
+class TrainerSettings(ServiceSettings):
+    """Configuration of one node's trainer (one replica per node: it owns the node's checkpoints)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SAPO_TRAINER_", frozen=True, extra="forbid", env_nested_delimiter="__"
+    )
+
+    # --- model and numerics -----------------------------------------------------------------------------
+    model: str = Field(
+        BUNDLED_REF,
+        min_length=1,
+        description="Model reference to train: bundled:smollm2-135m-instruct, tiny:<seed>, an HF id or path. "
+        "Must match the base model of existing checkpoints.",
+    )
+    device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?)$", description="Torch device: cpu, cuda, cuda:N.")
+    precision: Literal["fp32", "bf16"] = Field(
+        "fp32",
+        description="bf16: forward/backward under bf16 autocast with fp32 master weights and optimizer "
+        "state. Faster only where bf16 matmuls are native (GPUs, CPUs with AMX / AVX512-BF16); on an "
+        "AVX2-only CPU a 135M step was ~25x slower than fp32.",
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in backward to save memory (did not speed up CPU runs)."
+    )
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="Torch / Python RNG seed at a fresh start.")
+
+    # --- optimization ------------------------------------------------------------------------------------
+    lr: float = Field(
+        1e-5,
+        gt=0,
+        le=1.0,
+        description="Peak AdamW learning rate, logged at start and exported. The paper says 1e-3, its "
+        "reference code uses 1e-6..1e-5; 1e-5 raised the bundled model's reward in FACTS.md.",
+    )
+    adam_beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1.")
+    adam_beta2: float = Field(0.999, ge=0, lt=1, description="AdamW beta2.")
+    adam_eps: float = Field(1e-8, gt=0, le=1e-2, description="AdamW epsilon.")
+    weight_decay: float = Field(0.0, ge=0, le=1, description="AdamW decoupled weight decay.")
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        "constant", description="After warmup: constant, or cosine decay to lr * min_lr_ratio at total_steps."
+    )
+    warmup_steps: int = Field(0, ge=0, le=1_000_000, description="Optimizer steps of linear warmup.")
+    total_steps: int = Field(
+        0, ge=0, le=100_000_000, description="Optimizer steps the cosine schedule spans; 0 with constant."
+    )
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Final lr / peak lr of the cosine schedule.")
+    max_grad_norm: float = Field(
+        1.0, ge=0, le=1e6, description="Clip the global gradient L2 norm to this; 0 = measure only."
+    )
+    steps_per_batch: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Optimizer steps on each batch; pi_old stays fixed at the first, so clipping also "
+        "acts within a batch when > 1.",
+    )
+    micro_batch_tokens: int = Field(
+        4096,
+        ge=16,
+        le=1_048_576,
+        description="Padded tokens (rows x longest row) per forward pass; bounds activation memory. The "
+        "loss is normalized by the whole batch's completion tokens, so results do not depend on it.",
+    )
+
+    # --- GRPO loss ---------------------------------------------------------------------------------------
+    clip_eps_low: float = Field(0.2, ge=0, lt=1, description="PPO clip below: ratio >= 1 - eps_low.")
+    clip_eps_high: float = Field(0.28, ge=0, le=10, description="PPO clip above: ratio <= 1 + eps_high.")
+    is_cap: float = Field(
+        2.0, ge=1, le=100, description="Truncation of the importance weight pi_old / pi_behaviour."
+    )
+    external_logprobs: Literal["on_policy", "sender"] = Field(
+        "on_policy",
+        description="on_policy: external groups are re-tokenized and treated as on-policy (the paper). "
+        "sender: with an equal tokenizer fingerprint, train on the sender's ids with its log-probs as "
+        "the behaviour policy (importance-corrected).",
+    )
+
+    # --- sequences ---------------------------------------------------------------------------------------
+    max_sequence_tokens: int = Field(
+        4096,
+        ge=16,
+        le=1_048_576,
+        description="Prompt + completion tokens per row; longer completions are cut (counted).",
+    )
+
+    # --- checkpoints -------------------------------------------------------------------------------------
+    checkpoint_root: Path = Field(
+        Path("checkpoints"), description="Checkpoint store root (a volume); versions go to <root>/<node_id>/."
+    )
+    keep_last: int = Field(
+        3, ge=1, le=10_000, description="Versions kept; older ones are deleted after each write."
+    )
+    checkpoint_every: int = Field(
+        1,
+        ge=1,
+        le=10_000,
+        description="Checkpoint (and announce, and commit) every k batches, and when idle or stopping. "
+        "Offsets are committed only with a checkpoint, so a crash replays at most k batches.",
+    )
+
+    # --- operations --------------------------------------------------------------------------------------
+    step_max_silence_s: float = Field(
+        900.0,
+        ge=10,
+        le=86_400,
+        description="Liveness window (/healthz) during a step and its checkpoint; a step that takes longer "
+        "is treated as wedged. Must fit in the consumer's max_poll_interval_ms.",
+    )
+    idle_max_silence_s: float = Field(
+        60.0, ge=5, le=3600, description="Liveness window between steps: the poll loop beats every second."
+    )
+    announce_timeout_s: float = Field(
+        30.0, gt=0, le=600, description="How long to wait for the broker to acknowledge a PolicyUpdate."
+    )
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> Self:
+        if self.lr_schedule == "cosine" and self.total_steps <= self.warmup_steps:
+            raise ValueError(
+                f"lr_schedule=cosine decays from warmup_steps ({self.warmup_steps}) to total_steps "
+                f"({self.total_steps}): set SAPO_TRAINER_TOTAL_STEPS above SAPO_TRAINER_WARMUP_STEPS"
+            )
+        if self.lr_schedule == "constant" and (self.total_steps or self.min_lr_ratio):
+            raise ValueError(
+                "total_steps and min_lr_ratio only shape a cosine schedule: set "
+                "SAPO_TRAINER_LR_SCHEDULE=cosine, or leave SAPO_TRAINER_TOTAL_STEPS and "
+                "SAPO_TRAINER_MIN_LR_RATIO unset"
+            )
+        if self.step_max_silence_s * 1000 > self.consumer.max_poll_interval_ms:
+            raise ValueError(
+                f"a step may take up to step_max_silence_s={self.step_max_silence_s} s but the consumer "
+                f"leaves its group after {self.consumer.max_poll_interval_ms} ms without a poll: set "
+                "SAPO_TRAINER_CONSUMER__MAX_POLL_INTERVAL_MS >= 1000 x SAPO_TRAINER_STEP_MAX_SILENCE_S, or "
+                "lower SAPO_TRAINER_STEP_MAX_SILENCE_S"
+            )
+        if self.step_max_silence_s < self.idle_max_silence_s:
+            raise ValueError(
+                "a step cannot be allowed less silence than the idle loop: set "
+                "SAPO_TRAINER_STEP_MAX_SILENCE_S >= SAPO_TRAINER_IDLE_MAX_SILENCE_S "
+                f"({self.idle_max_silence_s})"
+            )
+        return self
+
+    def optim_config(self) -> OptimConfig:
+        return OptimConfig(
+            lr=self.lr,
+            betas=(self.adam_beta1, self.adam_beta2),
+            eps=self.adam_eps,
+            weight_decay=self.weight_decay,
+            warmup_steps=self.warmup_steps,
+            schedule=self.lr_schedule,
+            total_steps=self.total_steps,
+            min_lr_ratio=self.min_lr_ratio,
+        )
+
+    def step_config(self) -> StepConfig:
+        return StepConfig(
+            loss=LossConfig(eps_low=self.clip_eps_low, eps_high=self.clip_eps_high, is_cap=self.is_cap),
+            micro_batch_tokens=self.micro_batch_tokens,
+            steps_per_batch=self.steps_per_batch,
+            max_grad_norm=self.max_grad_norm,
+            precision=self.precision,
+        )

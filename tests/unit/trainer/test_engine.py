@@ -1,0 +1,245 @@
+"""The training core: updates move log-probs the right way, empty batches, exact resume, pi_old modes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from sapo.checkpoints import CheckpointError, CheckpointStore
+from sapo.trainer import (
+    OptimConfig,
+    RowMode,
+    SequenceBuilder,
+    StepConfig,
+    Trainer,
+    lr_factor,
+    plan_micro_batches,
+    train_on_batch,
+)
+from sapo.v1 import batch_pb2, question_pb2
+from tests.unit.trainer import builders as b
+
+pytestmark = pytest.mark.unit
+
+
+def _trainer(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    root: Path,
+    *,
+    lr: float = 1e-2,
+    steps_per_batch: int = 1,
+) -> Trainer:
+    return Trainer(
+        model,
+        tokenizer,
+        model_ref="tiny:0",
+        node_id="node-a",
+        store=CheckpointStore(root),
+        optim=OptimConfig(lr=lr, warmup_steps=2),
+        step=StepConfig(steps_per_batch=steps_per_batch),
+        max_sequence_tokens=512,
+    )
+
+
+def _batches(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, questions: list[question_pb2.Question]
+) -> list[batch_pb2.TrainingBatch]:
+    """Two batches of one local and one external group, sampled from version 0."""
+    batches = []
+    for seq in range(2):
+        q_local, q_ext = questions[seq], questions[2]
+        local = b.local_group(model, tokenizer, q_local, [*b.answers(q_local), b.answers(q_local)[0]])
+        external = b.external_group(q_ext, list(b.answers(q_ext)))
+        groups = [b.batch_group(local, [1.0, 0.0, 1.0]), b.batch_group(external, [1.0, 0.0], b.EXTERNAL)]
+        batches.append(b.training_batch(seq, groups))
+    return batches
+
+
+def _mean_logprob(model: PreTrainedModel, group: batch_pb2.BatchGroup, index: int) -> float:
+    completion = group.group.completions[index]
+    lp = b.score(model, list(group.group.prompt_token_ids), [list(completion.token_ids)])[0]
+    return sum(lp) / len(lp)
+
+
+def test_a_step_raises_rewarded_and_lowers_penalised_completions(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    questions: list[question_pb2.Question],
+    tmp_path: Path,
+) -> None:
+    batch = _batches(model, tokenizer, questions)[0]
+    group = batch.groups[0]
+    before = [_mean_logprob(model, group, i) for i in range(2)]
+    trainer = _trainer(model, tokenizer, tmp_path)
+
+    report = trainer.apply(batch)
+
+    after = [_mean_logprob(model, group, i) for i in range(2)]
+    assert after[0] > before[0]
+    assert after[1] < before[1]
+    assert report.version == trainer.version == 1
+    assert report.stats is not None and report.stats.optimizer_steps == 1
+    # Fresh local rows start at ratio 1 (pi_old = the sampler's log-probs of these very weights).
+    assert report.stats.metrics.clip_fraction_low == report.stats.metrics.clip_fraction_high == 0.0
+    assert report.stats.metrics.is_tokens == 0
+    assert report.lr == pytest.approx(1e-2)  # warmup: 1/2 of the rate for step 1, the full rate next
+
+
+def test_empty_batch_advances_the_version_without_an_update(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tmp_path: Path
+) -> None:
+    trainer = _trainer(model, tokenizer, tmp_path)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+
+    report = trainer.apply(b.training_batch(0, []))
+
+    assert report.stats is None and report.version == 1
+    assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
+    assert trainer.optimizer.state_dict()["state"] == {}
+    assert trainer.scheduler.last_epoch == 0  # the schedule counts optimizer steps only
+    assert [(e.version, e.batch_id, e.optimizer_steps) for e in trainer.state.ledger] == [(1, "node-a/0", 0)]
+
+
+def test_resume_from_a_checkpoint_continues_exactly(
+    tokenizer: PreTrainedTokenizerBase, questions: list[question_pb2.Question], tmp_path: Path
+) -> None:
+    batches = _batches(b.tiny(tokenizer, 0), tokenizer, questions)
+
+    straight = _trainer(b.tiny(tokenizer, 0), tokenizer, tmp_path / "a")
+    straight.apply(batches[0])
+    straight.apply(batches[1])
+
+    first = _trainer(b.tiny(tokenizer, 0), tokenizer, tmp_path / "b")
+    first.apply(batches[0])
+    first.note_offset(("batches", 0), 1)
+    first.checkpoint()
+    torch.rand(3)  # RNG consumed after the checkpoint must not leak into the resumed run
+    resumed = _trainer(b.tiny(tokenizer, 9), tokenizer, tmp_path / "b")
+    assert resumed.restore() is not None
+    assert resumed.version == 1 and resumed.state.offsets == {("batches", 0): 1}
+    assert resumed.is_duplicate(batches[0]) and not resumed.is_duplicate(batches[1])
+    resumed.apply(batches[1])
+
+    for (name, a), (_, b_) in zip(
+        straight.model.state_dict().items(), resumed.model.state_dict().items(), strict=True
+    ):
+        assert torch.equal(a, b_), name
+    sa, sb = straight.optimizer.state_dict(), resumed.optimizer.state_dict()
+    for key, state in sa["state"].items():
+        assert all(torch.equal(v, sb["state"][key][k]) for k, v in state.items())
+    assert straight.lr == resumed.lr
+    assert [e.batch_id for e in resumed.state.ledger] == ["node-a/0", "node-a/1"]
+
+
+def test_restore_refuses_checkpoints_of_another_base_model(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tmp_path: Path
+) -> None:
+    _trainer(model, tokenizer, tmp_path).checkpoint()
+    other = _trainer(model, tokenizer, tmp_path)
+    other.model_ref = "tiny:1"
+    with pytest.raises(CheckpointError, match="set the model to 'tiny:0'"):
+        other.restore()
+
+
+def test_micro_batches_accumulate_exactly_the_whole_batch_gradient(
+    tokenizer: PreTrainedTokenizerBase, questions: list[question_pb2.Question]
+) -> None:
+    """Loss normalized by the whole batch's tokens: any token budget gives the same gradient. Plain SGD
+    with lr 1 makes the weight change equal the gradient (Adam would amplify float noise in near-zero
+    gradients of rare-token embeddings)."""
+    batch = _batches(b.tiny(tokenizer, 0), tokenizer, questions)[0]
+    rows = SequenceBuilder(tokenizer, max_sequence_tokens=512).build(batch, 0).rows[:3]  # the local group
+    results = []
+    for budget in (4096, 200):
+        model = b.tiny(tokenizer, 0)
+        before = [p.detach().clone() for p in model.parameters()]
+        sgd = torch.optim.SGD(model.parameters(), lr=1.0)
+        schedule = torch.optim.lr_scheduler.LambdaLR(sgd, lambda step: 1.0)
+        micro = plan_micro_batches(rows, pad_token_id=0, max_tokens=budget)
+        stats = train_on_batch(model, sgd, schedule, micro, StepConfig(max_grad_norm=0))
+        deltas = [b_ - p.detach() for b_, p in zip(before, model.parameters(), strict=True)]
+        results.append((len(micro), stats, deltas))
+    (n_whole, whole, grads), (n_split, split, split_grads) = results
+    assert n_split > n_whole
+    assert split.metrics.loss == pytest.approx(whole.metrics.loss, abs=1e-6)
+    assert split.grad_norm == pytest.approx(whole.grad_norm, rel=1e-5)
+    for g, h in zip(grads, split_grads, strict=True):
+        torch.testing.assert_close(g, h, atol=1e-6, rtol=1e-4)
+
+
+def test_gradient_checkpointing_gives_the_same_update(
+    tokenizer: PreTrainedTokenizerBase, questions: list[question_pb2.Question], tmp_path: Path
+) -> None:
+    group = b.local_group(b.tiny(tokenizer), tokenizer, questions[0], list(b.answers(questions[0])))
+    batch = b.training_batch(0, [b.batch_group(group, [1.0, 0.0])])
+    trainers = [
+        Trainer(
+            b.tiny(tokenizer),
+            tokenizer,
+            model_ref="tiny:0",
+            node_id="node-a",
+            store=CheckpointStore(tmp_path / str(checkpointing)),
+            optim=OptimConfig(lr=1e-2),
+            step=StepConfig(),
+            max_sequence_tokens=512,
+            gradient_checkpointing=checkpointing,
+        )
+        for checkpointing in (False, True)
+    ]
+    reports = [t.apply(batch) for t in trainers]
+    assert reports[1].stats is not None and reports[0].stats is not None
+    assert reports[1].stats.grad_norm == pytest.approx(reports[0].stats.grad_norm, rel=1e-5)
+    assert not any(m.training for m in trainers[1].model.modules())  # eval mode again between steps
+    for x, y in zip(trainers[0].model.parameters(), trainers[1].model.parameters(), strict=True):
+        torch.testing.assert_close(x, y, atol=1e-6, rtol=1e-5)
+
+
+def test_steps_per_batch_keeps_pi_old_fixed_so_clipping_engages(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    questions: list[question_pb2.Question],
+    tmp_path: Path,
+) -> None:
+    batch = _batches(model, tokenizer, questions)[0]
+    trainer = _trainer(model, tokenizer, tmp_path, lr=5e-2, steps_per_batch=2)
+    report = trainer.apply(batch)
+    assert report.stats is not None and report.stats.optimizer_steps == 2
+    m = report.stats.metrics
+    assert m.clip_fraction_low + m.clip_fraction_high > 0
+    assert trainer.scheduler.last_epoch == 2
+    assert trainer.version == 1  # one batch, one version
+
+
+def test_stale_local_rows_get_truncated_importance_weights(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    questions: list[question_pb2.Question],
+    tmp_path: Path,
+) -> None:
+    first, second = _batches(model, tokenizer, questions)  # both sampled from version 0
+    trainer = _trainer(model, tokenizer, tmp_path)
+    trainer.apply(first)
+    report = trainer.apply(second)  # the weights moved: staleness 1
+    assert report.built.staleness == [1]
+    assert report.stats is not None
+    m = report.stats.metrics
+    local_tokens = sum(len(c.token_ids) for c in second.groups[0].group.completions)
+    assert m.is_tokens == local_tokens
+    assert m.is_ratio_mean != pytest.approx(1.0, abs=1e-6)
+    assert {r.mode for r in report.built.rows if r.local} == {RowMode.CORRECTED}
+
+
+def test_learning_rate_schedule_warms_up_then_holds_or_decays() -> None:
+    constant = OptimConfig(lr=1.0, warmup_steps=4)
+    assert [lr_factor(s, constant) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    cosine = OptimConfig(lr=1.0, warmup_steps=2, schedule="cosine", total_steps=6, min_lr_ratio=0.1)
+    factors = [lr_factor(s, cosine) for s in range(8)]
+    assert factors[:3] == pytest.approx([0.5, 1.0, 1.0])
+    assert factors[4] == pytest.approx(0.55)
+    assert factors[6:] == pytest.approx([0.1, 0.1])
+    with pytest.raises(ValueError, match="total_steps"):
+        OptimConfig(schedule="cosine", warmup_steps=5, total_steps=5)

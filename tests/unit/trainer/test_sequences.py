@@ -1,0 +1,160 @@
+"""Rows from batches: sampled ids kept at their sampling positions, peers' text re-tokenized, pi_old modes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from sapo.convert import question_from_proto
+from sapo.generation import SamplingConfig, TransformersBackend
+from sapo.generator import encode_prompt
+from sapo.grpo import pack, policy_logprobs
+from sapo.tasks import ANSWER_PREFILL, STOP_STRINGS, render_prompt
+from sapo.trainer import ExternalLogprobs, RowMode, SequenceBuilder
+from sapo.v1 import question_pb2
+from tests.unit.trainer import builders as b
+
+pytestmark = pytest.mark.unit
+
+
+def _builder(
+    tokenizer: PreTrainedTokenizerBase, max_tokens: int = 1024, external: ExternalLogprobs = "on_policy"
+) -> SequenceBuilder:
+    return SequenceBuilder(tokenizer, max_sequence_tokens=max_tokens, external_logprobs=external)
+
+
+def test_local_rows_reuse_prompt_and_sampled_ids_with_eos_and_behaviour_logprobs(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, questions: list[question_pb2.Question]
+) -> None:
+    good, bad = b.answers(questions[0])
+    group = b.local_group(model, tokenizer, questions[0], [good, bad], finish=[b.STOP, b.LENGTH])
+    batch = b.training_batch(0, [b.batch_group(group, [1.0, 0.0])])
+
+    rows = _builder(tokenizer).build(batch, current_version=0).rows
+
+    assert [r.sample.prompt_ids for r in rows] == [tuple(group.prompt_token_ids)] * 2
+    assert [r.sample.completion_ids for r in rows] == [tuple(c.token_ids) for c in group.completions]
+    assert rows[0].sample.completion_ids[-1] == tokenizer.eos_token_id  # stopped: EOS is trained
+    assert rows[1].sample.completion_ids[-1] != tokenizer.eos_token_id  # cut by length: no EOS
+    assert rows[0].sample.behaviour_logprobs == pytest.approx(list(group.completions[0].logprobs))
+    assert [r.mode for r in rows] == [RowMode.BEHAVIOUR] * 2
+    assert [r.sample.advantage for r in rows] == pytest.approx(list(batch.groups[0].advantages))
+    assert all(r.local for r in rows)
+    # One version later the same group is stale: pi_old becomes the current policy, with IS correction.
+    stale = _builder(tokenizer).build(batch, current_version=1)
+    assert [r.mode for r in stale.rows] == [RowMode.CORRECTED] * 2
+    assert stale.staleness == [1]
+
+
+def test_training_scores_each_token_at_the_position_the_generator_sampled_it(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, questions: list[question_pb2.Question]
+) -> None:
+    backend = TransformersBackend(model, tokenizer)
+    prompts = [b.prompt_ids(tokenizer, q) for q in questions[:2]]  # different lengths: left padding
+    params = SamplingConfig(max_new_tokens=6, num_samples=2, temperature=0.7, seed=3, stop=STOP_STRINGS)
+    groups = []
+    for question, prompt, samples in zip(questions, prompts, backend.generate(prompts, params), strict=False):
+        group = b.external_group(question, [s.text for s in samples], temperature=0.7)
+        group.tokenizer_fingerprint = SequenceBuilder(tokenizer, max_sequence_tokens=64).fingerprint
+        group.prompt_token_ids[:] = prompt
+        for completion, sample in zip(group.completions, samples, strict=True):
+            completion.token_ids[:] = sample.token_ids
+            completion.logprobs[:] = sample.logprobs
+        groups.append(b.batch_group(group, [1.0, 0.0]))
+    rows = _builder(tokenizer).build(b.training_batch(0, groups), current_version=0).rows
+    assert len(rows) == 4
+
+    packed = pack([r.sample for r in rows], pad_token_id=0)  # one batch: rows of different lengths
+    with torch.no_grad():
+        trained = policy_logprobs(model, packed, temperature=0.7).logprobs
+    for i, row in enumerate(rows):
+        assert row.sample.behaviour_logprobs is not None
+        got = trained[i][packed.completion_mask[i]]
+        assert got.tolist() == pytest.approx(list(row.sample.behaviour_logprobs), abs=2e-4)
+
+
+def test_external_text_is_retokenized_with_our_prompt_and_our_eos(
+    tokenizer: PreTrainedTokenizerBase, questions: list[question_pb2.Question]
+) -> None:
+    question = questions[1]
+    good, bad = b.answers(question)
+    group = b.external_group(question, [good, bad], finish=[b.STOP, b.LENGTH], temperature=0.8)
+    batch = b.training_batch(0, [b.batch_group(group, [1.0, 0.0], b.EXTERNAL)])
+
+    rows = _builder(tokenizer).build(batch, current_version=5).rows
+
+    expected_prompt = encode_prompt(tokenizer, render_prompt(tokenizer, question_from_proto(question)))
+    assert rows[0].sample.prompt_ids == expected_prompt  # what our own generator feeds for it
+    assert str(tokenizer.decode(list(rows[0].sample.prompt_ids))).endswith(ANSWER_PREFILL)
+    eos = tokenizer.eos_token_id
+    assert rows[0].sample.completion_ids == (*tokenizer.encode(good, add_special_tokens=False), eos)
+    assert rows[1].sample.completion_ids == tuple(tokenizer.encode(bad, add_special_tokens=False))
+    assert [r.mode for r in rows] == [RowMode.ON_POLICY] * 2
+    assert all(r.sample.behaviour_logprobs is None and not r.local for r in rows)
+    assert [r.temperature for r in rows] == pytest.approx([0.8, 0.8])
+
+
+def test_sender_logprobs_are_used_only_in_sender_mode_and_with_our_tokenizer(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, questions: list[question_pb2.Question]
+) -> None:
+    peer = b.local_group(model, tokenizer, questions[0], list(b.answers(questions[0])))
+    external = b.batch_group(peer, [1.0, 0.0], b.EXTERNAL)
+    batch = b.training_batch(0, [external])
+
+    paper = _builder(tokenizer).build(batch, 0).rows
+    sender = _builder(tokenizer, external="sender").build(batch, 0).rows
+    assert [r.mode for r in paper] == [RowMode.ON_POLICY] * 2
+    assert [r.mode for r in sender] == [RowMode.CORRECTED] * 2  # another node's policy: always corrected
+    assert sender[0].sample.completion_ids == tuple(peer.completions[0].token_ids)
+
+    external.group.tokenizer_fingerprint = (
+        "0" * 64
+    )  # another tokenizer: its ids and log-probs are meaningless here
+    other = _builder(tokenizer, external="sender").build(b.training_batch(0, [external]), 0).rows
+    assert [r.mode for r in other] == [RowMode.ON_POLICY] * 2
+    assert other[0].sample.completion_ids[-1] == tokenizer.eos_token_id
+
+
+def test_failures_are_skipped_and_long_rows_truncated_with_counts(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, questions: list[question_pb2.Question]
+) -> None:
+    long_text = " ".join(["seven"] * 40) + "</answer>"
+    texts = [long_text, "1</answer>", "x"]
+    group = b.local_group(model, tokenizer, questions[0], texts, finish=[b.STOP, b.STOP, b.ERROR])
+    bad_question = b.external_group(questions[1], ["2</answer>"])
+    bad_question.question.provenance.dataset = "no_such_dataset"
+    batch = b.training_batch(
+        0, [b.batch_group(group, [1.0, 0.0, 0.0]), b.batch_group(bad_question, [1.0], b.EXTERNAL)]
+    )
+    limit = len(group.prompt_token_ids) + 10
+
+    built = _builder(tokenizer, max_tokens=limit).build(batch, 0)
+
+    assert [len(r.sample.completion_ids) for r in built.rows] == [10, len(group.completions[1].token_ids)]
+    first = built.rows[0].sample
+    assert first.behaviour_logprobs == pytest.approx(list(group.completions[0].logprobs[:10]))
+    assert built.truncated == 1
+    assert built.skipped == {"error": 1, "bad_question": 1}
+    assert built.reward_mean() == pytest.approx(0.5)
+
+
+def test_misaligned_logprobs_are_rejected_per_completion(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, questions: list[question_pb2.Question]
+) -> None:
+    group = b.local_group(model, tokenizer, questions[0], list(b.answers(questions[0])))
+    del group.completions[1].logprobs[-1]
+    built = _builder(tokenizer).build(b.training_batch(0, [b.batch_group(group, [1.0, 0.0])]), 0)
+    assert len(built.rows) == 1
+    assert built.skipped == {"bad_logprobs": 1}
+
+
+def test_completions_without_logprobs_train_on_policy(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, questions: list[question_pb2.Question]
+) -> None:
+    group = b.local_group(model, tokenizer, questions[0], list(b.answers(questions[0])))
+    for completion in group.completions:
+        del completion.logprobs[:]
+    rows = _builder(tokenizer).build(b.training_batch(0, [b.batch_group(group, [1.0, 0.0])]), 0).rows
+    assert [r.mode for r in rows] == [RowMode.ON_POLICY] * 2
+    assert rows[0].sample.completion_ids == tuple(group.completions[0].token_ids)

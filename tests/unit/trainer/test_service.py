@@ -1,0 +1,162 @@
+"""The trainer service over the in-memory transport: announce, checkpoint-then-commit, resume, bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from sapo.checkpoints import load_weights, read_manifest
+from sapo.kafka import DeadLetters, TransportMetrics
+from sapo.kafka.memory import MemoryBus, MemoryConsumerClient, MemoryPublisher
+from sapo.lifecycle import StopFlag
+from sapo.ops import Health
+from sapo.topics import TopicNames
+from sapo.v1 import batch_pb2, policy_pb2, question_pb2
+from services.trainer.core import TrainerService, build_trainer
+from services.trainer.metrics import TrainerMetrics
+from services.trainer.settings import TrainerSettings
+from tests.unit.trainer import builders as b
+
+pytestmark = pytest.mark.unit
+TOPICS = TopicNames.for_node("node-a")
+
+
+def _service(bus: MemoryBus, root: Path, **overrides: Any) -> tuple[TrainerService, CollectorRegistry]:
+    settings = TrainerSettings(
+        node_id="node-a", model="tiny:0", precision="fp32", checkpoint_root=root, lr=1e-2, **overrides
+    )
+    registry = CollectorRegistry()
+    transport = TransportMetrics(registry, "trainer")
+    service = TrainerService(
+        settings,
+        build_trainer(settings),
+        client=MemoryConsumerClient(bus, "node-a.trainer"),
+        publisher=MemoryPublisher(bus),
+        topics=TOPICS,
+        health=Health(),
+        metrics=TrainerMetrics(registry),
+        transport=transport,
+        stop=StopFlag(),
+        dead_letters=DeadLetters(MemoryPublisher(bus), TOPICS.dlq, "trainer", transport),
+        poll_timeout_s=0.0,  # the memory client never blocks
+    )
+    return service, registry
+
+
+def _publish(bus: MemoryBus, batch: batch_pb2.TrainingBatch) -> None:
+    bus.append(TOPICS.batches, batch.batch_id.encode(), batch.SerializeToString(), [])
+
+
+def _updates(bus: MemoryBus) -> list[policy_pb2.PolicyUpdate]:
+    return [policy_pb2.PolicyUpdate.FromString(v) for v in bus.values(TOPICS.policy)]
+
+
+def _batch(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, q: question_pb2.Question, seq: int
+) -> batch_pb2.TrainingBatch:
+    group = b.local_group(model, tokenizer, q, list(b.answers(q)), policy_version=seq)
+    return b.training_batch(seq, [b.batch_group(group, [1.0, 0.0])])
+
+
+def test_announces_version_zero_then_every_version_with_verifiable_manifests(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    questions: list[question_pb2.Question],
+    tmp_path: Path,
+) -> None:
+    bus = MemoryBus()
+    _publish(bus, _batch(model, tokenizer, questions[0], 0))
+    _publish(bus, b.training_batch(1, []))  # a lock-step round without signal
+    service, registry = _service(bus, tmp_path)
+    service.start()
+    assert service.health.failing() == ["partitions_assigned"]
+
+    service.run(idle_timeout_s=0.0)
+
+    updates = _updates(bus)
+    assert [(u.version, u.batch_id) for u in updates] == [(0, ""), (1, "node-a/0"), (2, "node-a/1")]
+    assert updates[1].metrics.completion_tokens > 0 and updates[1].metrics.reward_mean == 0.5
+    for update in updates:
+        manifest, directory = read_manifest(update.manifest_uri, update.manifest_sha256)
+        assert manifest.version == update.version and manifest.base_model == "tiny:0"
+        assert load_weights(manifest, directory)  # every shard matches its digest
+    assert bus.committed[("node-a.trainer", (TOPICS.batches, 0))] == 2
+    sample = registry.get_sample_value
+    assert sample("sapo_trainer_batches_total", {"outcome": "trained"}) == 1
+    assert sample("sapo_trainer_batches_total", {"outcome": "empty"}) == 1
+    assert sample("sapo_trainer_steps_total") == 1
+    assert sample("sapo_trainer_policy_version") == 2
+    assert sample("sapo_trainer_sequences_total", {"mode": "behaviour"}) == 2  # sampled by v0 itself
+    assert sample("sapo_trainer_checkpoint_seconds_count") == 2
+
+
+def test_restart_resumes_at_the_checkpoint_offsets_and_skips_replayed_batches(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    questions: list[question_pb2.Question],
+    tmp_path: Path,
+) -> None:
+    bus = MemoryBus()
+    first_batch = _batch(model, tokenizer, questions[0], 0)
+    _publish(bus, first_batch)
+    service, _ = _service(bus, tmp_path)
+    service.start()
+    service.run(idle_timeout_s=0.0)
+    trained = {k: v.clone() for k, v in service.trainer.model.state_dict().items()}
+
+    bus.committed.clear()  # the commit was lost: the checkpoint must still win
+    _publish(bus, first_batch)  # and the sampler re-sent the batch
+    _publish(bus, _batch(model, tokenizer, questions[1], 1))
+    restarted, registry = _service(bus, tmp_path)
+    restarted.start()
+    assert restarted.trainer.version == 1
+    assert all(v.equal(trained[k]) for k, v in restarted.trainer.model.state_dict().items())
+    restarted.run(idle_timeout_s=0.0)
+
+    assert [e.batch_id for e in restarted.trainer.state.ledger] == ["node-a/0", "node-a/1"]
+    assert registry.get_sample_value("sapo_trainer_batches_total", {"outcome": "duplicate"}) == 1
+    assert registry.get_sample_value("sapo_trainer_batches_total", {"outcome": "trained"}) == 1
+    assert [u.version for u in _updates(bus)] == [0, 1, 1, 2]  # a restart re-announces what it has
+
+
+def test_checkpoint_every_k_commits_only_with_the_checkpoint(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    questions: list[question_pb2.Question],
+    tmp_path: Path,
+) -> None:
+    bus = MemoryBus()
+    for seq in range(3):
+        _publish(bus, b.training_batch(seq, []))
+    service, _ = _service(bus, tmp_path, checkpoint_every=2)
+    service.start()
+    committed = ("node-a.trainer", (TOPICS.batches, 0))
+    service.loop.open()
+    service.loop.step(0)
+    assert bus.committed.get(committed) is None and [u.version for u in _updates(bus)] == [0]
+    service.loop.step(0)
+    assert bus.committed[committed] == 2 and [u.version for u in _updates(bus)] == [0, 2]
+    service.loop.step(0)  # version 3 is held ...
+    assert bus.committed[committed] == 2
+    service.loop.step(0)  # ... until the loop goes idle
+    assert bus.committed[committed] == 3 and [u.version for u in _updates(bus)] == [0, 2, 3]
+    assert service.trainer.store.versions("node-a") == [0, 2, 3]
+
+
+def test_bad_batches_are_dead_lettered_and_training_goes_on(tmp_path: Path) -> None:
+    bus = MemoryBus()
+    bus.append(TOPICS.batches, b"junk", b"\xff\xff", [])
+    foreign = b.training_batch(0, [], node_id="node-b")
+    bus.append(TOPICS.batches, b"x", foreign.SerializeToString(), [])
+    _publish(bus, b.training_batch(0, []))
+    service, registry = _service(bus, tmp_path)
+    service.start()
+    service.run(idle_timeout_s=0.0)
+    reasons = [r.headers["sapo-dlq-reason"] for r in bus.topics[TOPICS.dlq]]
+    assert reasons == [b"undecodable", b"wrong_node"]
+    assert service.trainer.version == 1
+    assert registry.get_sample_value("sapo_trainer_messages_rejected_total", {"reason": "wrong_node"}) == 1
