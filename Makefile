@@ -34,7 +34,7 @@ test-slow: $(STAMP) ## Run the slow tests too (bundled 135M model, multi-node ru
 lint: $(STAMP) ## ruff + mypy on our code (generated protobuf excluded)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy sapo services tests bench
+	$(BIN)/mypy sapo services tests bench scripts
 
 proto: $(STAMP) ## Regenerate sapo/v1 from proto/sapo/v1
 	$(BIN)/python scripts/gen_proto.py

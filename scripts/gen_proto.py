@@ -18,7 +18,13 @@ def generate(out_dir: Path) -> None:
     """Write *_pb2.py and *_pb2.pyi for every proto/sapo/v1/*.proto under out_dir/sapo/v1."""
     protos = sorted(str(p.relative_to(ROOT / "proto")) for p in (ROOT / "proto/sapo/v1").glob("*.proto"))
     include = str(Path(protoc.__file__).parent / "_proto")
-    args = ["protoc", f"-I{ROOT / 'proto'}", f"-I{include}", f"--python_out={out_dir}", f"--pyi_out={out_dir}"]
+    args = [
+        "protoc",
+        f"-I{ROOT / 'proto'}",
+        f"-I{include}",
+        f"--python_out={out_dir}",
+        f"--pyi_out={out_dir}",
+    ]
     if protoc.main([*args, *protos]) != 0:
         raise SystemExit("protoc failed; see the messages above")
 
