@@ -67,6 +67,11 @@ def start_runtime(service: str, settings: ServiceSettings, *, install_signals: b
         install_signal_handlers(stop)
     ops = OpsServer(registry, health, settings.http_host, settings.http_port).start()
     log.info("ops server on :%d (/metrics /healthz /readyz)", ops.port)
+    if settings.http_port_file is not None:
+        # Written whole then renamed, so a supervisor polling for it never reads a partial number.
+        tmp = settings.http_port_file.with_suffix(".tmp")
+        tmp.write_text(str(ops.port))
+        tmp.rename(settings.http_port_file)
     publisher = KafkaPublisher(settings.kafka.to_librdkafka(), transport)
     swarm_publisher = (
         publisher

@@ -12,6 +12,7 @@ import logging
 import os
 from collections.abc import Mapping
 from enum import StrEnum
+from pathlib import Path
 from typing import Any, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
@@ -139,6 +140,9 @@ class ServiceSettings(BaseSettings):
     topic_prefix: str = Field("sapo", pattern=r"^[A-Za-z0-9._-]{1,64}$", description="Prefix of topic names.")
     http_host: str = Field("0.0.0.0", description="Address of the /metrics /healthz /readyz server.")
     http_port: int = Field(8080, ge=0, le=65535, description="Port of that server; 0 = pick a free one.")
+    http_port_file: Path | None = Field(
+        None, description="Write the bound port here (for supervisors that start services with port 0)."
+    )
     log_level: str = Field("INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$", description="Log level.")
     log_format: LogFormat = Field(LogFormat.JSON, description="json for clusters, text for terminals.")
     max_message_bytes: int = Field(

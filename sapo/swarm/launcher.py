@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sapo.broker import EmbeddedBroker, free_port
+from sapo.broker import EmbeddedBroker
 from sapo.settings import ConsumerProfile
 from sapo.swarm.manifest import NodeSpec, SwarmManifest
 from sapo.swarm.recorder import PolicyRecorder
@@ -35,13 +35,17 @@ STOP_GRACE_S = 60.0
 class ServiceProcess:
     node: str
     service: str
-    port: int
+    port_file: Path
     log_path: Path
     proc: subprocess.Popen[bytes]
 
     @property
-    def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/metrics"
+    def metrics_url(self) -> str | None:
+        """None until the service has bound its ops port (it picks a free one and writes it down)."""
+        try:
+            return f"http://127.0.0.1:{int(self.port_file.read_text())}/metrics"
+        except (OSError, ValueError):
+            return None
 
 
 def _env_name(service: str, key: str) -> str:
@@ -113,6 +117,7 @@ class Swarm:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "logs").mkdir(exist_ok=True)
         (self.run_dir / "steps").mkdir(exist_ok=True)
+        (self.run_dir / "ports").mkdir(exist_ok=True)
         (self.run_dir / "manifest.json").write_text(self.manifest.model_dump_json(indent=1))
         if self.manifest.bootstrap:
             self.bootstrap = self.manifest.bootstrap
@@ -139,13 +144,14 @@ class Swarm:
         profile = ConsumerProfile.local() if self.broker is not None else ConsumerProfile()
         return {"bootstrap.servers": self.bootstrap} | profile.to_librdkafka()
 
-    def _common_env(self, node: NodeSpec, service: str, port: int) -> dict[str, str]:
+    def _common_env(self, node: NodeSpec, service: str, port_file: Path) -> dict[str, str]:
         values: dict[str, Any] = {
             "node_id": node.id,
             "kafka": {"bootstrap_servers": self.bootstrap, "client_id": f"{node.id}-{service}"},
             "topic_prefix": self.manifest.topic_prefix,
             "http_host": "127.0.0.1",
-            "http_port": port,
+            "http_port": 0,
+            "http_port_file": str(port_file),
             "log_format": "text",
         }
         if self.broker is not None:
@@ -153,9 +159,10 @@ class Swarm:
         return flatten_env(service, values)
 
     def _spawn(self, node: NodeSpec, service: str) -> ServiceProcess:
-        port = free_port()
+        port_file = self.run_dir / "ports" / f"{node.id}-{service}"
+        port_file.unlink(missing_ok=True)
         env = dict(os.environ)
-        env |= self._common_env(node, service, port)
+        env |= self._common_env(node, service, port_file)
         peers = sum(1 for n in self.manifest.nodes if n.id != node.id and n.sharing != "none")
         env |= flatten_env(service, service_values(node, service, self.run_dir, peers))
         env["PYTHONUNBUFFERED"] = "1"
@@ -170,7 +177,7 @@ class Swarm:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        return ServiceProcess(node.id, service, port, log_path, proc)
+        return ServiceProcess(node.id, service, port_file, log_path, proc)
 
     def failed(self) -> list[ServiceProcess]:
         """Processes that exited with an error while the swarm was meant to be running."""

@@ -18,7 +18,8 @@ from sapo.swarm.progress import NodeStatus, render, scrape
 def _statuses(swarm: Swarm) -> list[NodeStatus]:
     by_node: dict[str, dict[str, Any]] = {}
     for p in swarm.processes:
-        by_node.setdefault(p.node, {})[p.service] = scrape(p.metrics_url)
+        url = p.metrics_url
+        by_node.setdefault(p.node, {})[p.service] = scrape(url) if url else {}
     return [
         NodeStatus.read(node, m.get("generator", {}), m.get("sampler", {}), m.get("trainer", {}))
         for node, m in by_node.items()
