@@ -15,11 +15,16 @@ from sapo.swarm.manifest import SwarmManifest
 from sapo.swarm.progress import NodeStatus, render, scrape
 
 
-def _statuses(swarm: Swarm) -> list[NodeStatus]:
+def _statuses(swarm: Swarm, last: dict[tuple[str, str], Any]) -> list[NodeStatus]:
+    """Current metrics per node; a service that already finished (a generator past its last round)
+    keeps showing its final numbers."""
     by_node: dict[str, dict[str, Any]] = {}
     for p in swarm.processes:
         url = p.metrics_url
-        by_node.setdefault(p.node, {})[p.service] = scrape(url) if url else {}
+        samples = scrape(url) if url else {}
+        if samples:
+            last[(p.node, p.service)] = samples
+        by_node.setdefault(p.node, {})[p.service] = last.get((p.node, p.service), {})
     return [
         NodeStatus.read(node, m.get("generator", {}), m.get("sampler", {}), m.get("trainer", {}))
         for node, m in by_node.items()
@@ -81,10 +86,11 @@ def run_swarm(
         swarm.start()
         out.write(f"broker {swarm.bootstrap}; logs in {run_dir / 'logs'}\n")
         last_print = 0.0
+        last_samples: dict[tuple[str, str], Any] = {}
         while not stop.is_set():
             if swarm.recorder is not None:
                 swarm.recorder.drain()
-            statuses = _statuses(swarm)
+            statuses = _statuses(swarm, last_samples)
             now = time.monotonic()
             if live or now - last_print >= 15:
                 view = render(statuses, rounds, now - started)
