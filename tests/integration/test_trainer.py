@@ -7,6 +7,7 @@ import io
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,7 @@ def test_batches_through_the_broker_raise_rewarded_and_lower_penalised_completio
         precision="fp32",
         lr=1e-3,  # 1e-2 overshoots: tiny:0 then loses some rewarded completions along with the penalised
         checkpoint_root=tmp_path,
+        keep_last=10,  # every version stays readable for the checks below
         topic_prefix=topic_prefix,
         kafka=KafkaConnection(bootstrap_servers=kafka_bootstrap),
         consumer=ConsumerProfile.local(),
@@ -67,9 +69,12 @@ def test_batches_through_the_broker_raise_rewarded_and_lower_penalised_completio
         (2, "node-a/1"),
         (3, "node-a/2"),
     ]
-    manifest, directory = read_manifest(updates[-1].manifest_uri, updates[-1].manifest_sha256)
+    for update in updates:  # every announced version verifies against its digests
+        manifest, directory = read_manifest(update.manifest_uri, update.manifest_sha256)
+        weights = load_weights(manifest, directory)
+        assert manifest.version == update.version and manifest.base_model == "tiny:0"
     trained = b.tiny(tokenizer)
-    trained.load_state_dict(load_weights(manifest, directory))
+    trained.load_state_dict(weights)  # the last version's
     assert updates[2].metrics.grad_norm > 0 and updates[2].metrics.completion_tokens > 0
 
     deltas: dict[float, list[float]] = {1.0: [], 0.0: []}
@@ -98,8 +103,9 @@ def test_sigkill_mid_step_resumes_from_the_checkpoint_without_training_a_batch_t
     with logs[0].open("w") as out:
         first = subprocess.Popen(command, env=env, cwd=ts.ROOT, stdout=out, stderr=subprocess.STDOUT)
     try:
-        ts.wait_for(lambda: 2 in store.versions(ts.NODE), 90, "version 2")
-        first.send_signal(signal.SIGKILL)  # version 3's step is under way
+        ts.wait_for(lambda: "announced version 2" in logs[0].read_text(), 90, "version 2")
+        time.sleep(0.1)  # the next batch is already fetched: version 3's step is under way
+        first.send_signal(signal.SIGKILL)
         first.wait(10)
     finally:
         first.kill()

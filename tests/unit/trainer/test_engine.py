@@ -116,10 +116,12 @@ def test_resume_from_a_checkpoint_continues_exactly(
     first = _trainer(b.tiny(tokenizer, 0), tokenizer, tmp_path / "b")
     first.apply(batches[0])
     first.note_offset(("batches", 0), 1)
+    rng = torch.get_rng_state()
     first.checkpoint()
     torch.rand(3)  # RNG consumed after the checkpoint must not leak into the resumed run
     resumed = _trainer(b.tiny(tokenizer, 9), tokenizer, tmp_path / "b")
     assert resumed.restore() is not None
+    assert torch.equal(torch.get_rng_state(), rng)
     assert resumed.version == 1 and resumed.state.offsets == {("batches", 0): 1}
     assert resumed.is_duplicate(batches[0]) and not resumed.is_duplicate(batches[1])
     resumed.apply(batches[1])
