@@ -45,8 +45,11 @@ def token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float = 1.0) 
     targets = input_ids[:, offset + 1 :]
     scored: list[Tensor] = []
     entropies: list[Tensor] = []
-    for row in range(rows):
-        log_dist = torch.log_softmax(logits[row, :-1].float() / temperature, dim=-1)
+    # unbind, not logits[row]: indexing inside the loop makes each row's backward materialise a
+    # batch-sized gradient, so the cost grew with the square of the rows (2.0 s vs 0.73 s per group
+    # of 8 x 128 tokens on the 135M model).
+    for row, row_logits in enumerate(logits.unbind(0)):
+        log_dist = torch.log_softmax(row_logits[:-1].float() / temperature, dim=-1)
         scored.append(log_dist.gather(-1, targets[row].unsqueeze(-1)).squeeze(-1))
         with torch.no_grad():
             entropies.append(-(log_dist.exp() * log_dist).sum(dim=-1))

@@ -75,9 +75,7 @@ def build_trainer(settings: TrainerSettings) -> Trainer:
 def checked_batch(record: Record, node_id: str, max_bytes: int) -> batch_pb2.TrainingBatch:
     """Decode and validate one batch. A batch without groups is valid: it advances the version."""
     batch = decode(batch_pb2.TrainingBatch, record.value, max_bytes)
-    if not batch.batch_id:
-        raise InvalidMessageError("missing_batch_id")
-    problem = validate_batch(batch) if batch.groups else None
+    problem = validate_batch(batch)
     if problem is not None:
         raise InvalidMessageError(problem)
     if batch.node_id != node_id:
