@@ -1,4 +1,4 @@
-"""Policy models: loading by reference (bundled GGUF, tiny random, HF id/path) and tokenizer fingerprints."""
+"""Policy models: loading by reference (bundled, tiny random, warm-started tiny, HF id/path), fingerprints."""
 
 from sapo.models.fingerprint import tokenizer_fingerprint
 from sapo.models.loading import (
@@ -10,10 +10,12 @@ from sapo.models.loading import (
     load_model,
 )
 from sapo.models.tiny import TinySpec, build_tiny_model, parse_tiny_ref
+from sapo.models.warm import WarmRecipe, parse_warm_ref, train_warm_model, warm_model_dir
 
 __all__ = [
     "BUNDLED_REF",
     "TinySpec",
+    "WarmRecipe",
     "build_tiny_model",
     "bundled_model_dir",
     "bundled_tokenizer_dir",
@@ -21,5 +23,8 @@ __all__ = [
     "load_bundled_tokenizer",
     "load_model",
     "parse_tiny_ref",
+    "parse_warm_ref",
     "tokenizer_fingerprint",
+    "train_warm_model",
+    "warm_model_dir",
 ]

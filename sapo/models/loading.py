@@ -10,6 +10,9 @@ A model reference is one of:
   that directory (~1-2 s). The directory also works for anything that takes an HF path (vLLM).
 - ``tiny:<seed>`` or ``tiny:<seed>:<hidden>x<layers>``: a tiny random Llama with the bundled tokenizer
   (see :mod:`sapo.models.tiny`); used by tests and fast profiles.
+- ``warm:<seed>`` or ``warm:<seed>:<hidden>x<layers>:<steps>``: a tiny Llama briefly fine-tuned on the
+  ``easy`` tasks so it starts with some reward (see :mod:`sapo.models.warm`); built once (about a
+  minute on one core), then read from the cache like any Hugging Face directory.
 - anything else: a Hugging Face model id or local path for ``from_pretrained``. Nothing is downloaded
   unless the caller passes ``allow_download=True``.
 
@@ -186,6 +189,10 @@ def load_model(
         seed, spec = parse_tiny_ref(model_ref)
         tokenizer = load_bundled_tokenizer()
         return _placed(build_tiny_model(tokenizer, seed=seed, spec=spec), dtype, device), tokenizer
+    elif model_ref.startswith("warm:"):
+        from sapo.models.warm import warm_model_dir  # imported here: warm builds on this module
+
+        path, local_only = str(warm_model_dir(model_ref)), True
     elif model_ref.startswith("bundled:"):
         raise ValueError(f"unknown bundled model {model_ref!r}; the only bundled model is {BUNDLED_REF!r}")
     else:
