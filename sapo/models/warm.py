@@ -178,11 +178,12 @@ def sft_example(tokenizer: PreTrainedTokenizerBase, record: QuestionRecord) -> S
 def _answer_nll_sum(model: LlamaForCausalLM, examples: Sequence[SftExample]) -> torch.Tensor:
     """Summed next-token NLL of the target tokens of ``examples``, run as one right-padded batch.
 
-    Right padding with positions 0..L-1 is the layout sampling uses (``sapo.grpo.layout``). The
-    body runs on every position, the LM head only on the positions that predict a target token.
+    Right padding keeps every real token at its unpadded position, the one it has when sampled
+    (``sapo.grpo.layout``). The body runs on every position, the LM head only on the positions that
+    predict a target token.
     """
     width = max(len(e.prompt_ids) + len(e.target_ids) for e in examples)
-    pad = model.config.pad_token_id or 0
+    pad = model.config.pad_token_id or 0  # any id: padding follows every real token and is never a target
     input_ids = torch.full((len(examples), width), pad, dtype=torch.long)
     mask = torch.zeros((len(examples), width), dtype=torch.long)
     rows: list[int] = []

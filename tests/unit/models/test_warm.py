@@ -26,7 +26,7 @@ from sapo.models import (
     train_warm_model,
 )
 from sapo.models.loading import CACHE_ENV
-from sapo.models.warm import DEFAULT_SPEC, WARM_PROFILE, answer_loss, sft_example, sft_stream
+from sapo.models.warm import DEFAULT_SPEC, DEFAULT_STEPS, WARM_PROFILE, answer_loss, sft_example, sft_stream
 from sapo.tasks import ANSWER_PREFILL, STOP_STRINGS, TaskStream, render_prompt, score
 
 pytestmark = pytest.mark.unit
@@ -46,6 +46,7 @@ def same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool
 
 def test_references_parse_into_recipes() -> None:
     assert parse_warm_ref("warm:7") == (7, WarmRecipe())
+    assert parse_warm_ref(f"warm:7:64x2:{DEFAULT_STEPS}") == parse_warm_ref("warm:7")  # default spelled out
     seed, recipe = parse_warm_ref("warm:3:128x3:50")
     assert seed == 3 and recipe.steps == 50
     spec = recipe.spec
@@ -137,7 +138,7 @@ def test_cached_load_returns_the_built_weights(
 
 @pytest.mark.slow
 def test_default_recipe_starts_in_the_useful_reward_band(tokenizer: PreTrainedTokenizerBase) -> None:
-    """Pre-RL reward at T=1.0 between 0.05 and 0.5 on train and held-out questions (~2 min on one core)."""
+    """Pre-RL reward at T=1.0 between 0.05 and 0.5 on train and held-out questions (~1.5 min on one core)."""
     model = train_warm_model(tokenizer, 0, WarmRecipe())
     backend = TransformersBackend(model, tokenizer)
     params = SamplingConfig(max_new_tokens=24, num_samples=4, temperature=1.0, seed=7, stop=STOP_STRINGS)
