@@ -31,7 +31,8 @@ class NodeSpec(BaseModel):
     id: str = Field(..., pattern=NODE_ID_PATTERN, description="Node id (lowercase letters, digits, '-').")
     seed: int = Field(0, ge=0, description="Seeds the node's question stream and sampling.")
     model: str = Field(
-        "bundled:smollm2-135m-instruct", description="Model ref: bundled:, tiny:<seed>, HF id or path."
+        "bundled:smollm2-135m-instruct",
+        description="Model ref: bundled:, tiny:<seed>, warm:<seed>, HF id or path.",
     )
     profile: str = Field("easy", description="Task profile name (easy, paper) or path of a profile file.")
     questions_per_round: int = Field(8, ge=1, le=1024, description="B: questions generated per round.")

@@ -43,7 +43,8 @@ class GeneratorSettings(ServiceSettings):
     model: str = Field(
         BUNDLED_REF,
         min_length=1,
-        description="Policy model: `bundled:smollm2-135m-instruct`, `tiny:<seed>` (tests), an HF id or path. "
+        description="Policy model: `bundled:smollm2-135m-instruct`, `tiny:<seed>` (tests), "
+        "`warm:<seed>` (CPU scale), an HF id or path. "
         "Policy version 0 is these weights; later versions come from the policy topic.",
     )
     backend: BackendKind = Field(BackendKind.HF, description="hf (transformers) or vllm (GPU only).")
@@ -147,8 +148,12 @@ class GeneratorSettings(ServiceSettings):
         return self
 
     def _check_vllm(self, prefix: str) -> None:
-        if self.model.startswith("tiny:"):
-            raise ValueError(f"tiny models exist only in memory: set {prefix}BACKEND=hf for {self.model}")
+        if self.model.startswith(("tiny:", "warm:")):
+            raise ValueError(
+                f"{self.model} is built by this project, not a path vLLM can open: set {prefix}BACKEND=hf, "
+                f"or set {prefix}MODEL to the directory `python -c 'from sapo.models import warm_model_dir; "
+                f'print(warm_model_dir("{self.model}"))\'` prints (warm models only)'
+            )
         if self.top_p < 1.0:
             raise ValueError(
                 f"the vllm backend records logprobs after top-p truncation: set {prefix}TOP_P=1 or "

@@ -29,7 +29,8 @@ class TrainerSettings(ServiceSettings):
     model: str = Field(
         BUNDLED_REF,
         min_length=1,
-        description="Model reference to train: bundled:smollm2-135m-instruct, tiny:<seed>, an HF id or path. "
+        description="Model reference to train: bundled:smollm2-135m-instruct, tiny:<seed>, warm:<seed>, "
+        "an HF id or path. "
         "Must match the base model of existing checkpoints.",
     )
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?)$", description="Torch device: cpu, cuda, cuda:N.")
