@@ -25,6 +25,9 @@ setup: $(STAMP) ## Create .venv with the CPU install and dev tools
 swarm: $(STAMP) ## Run a small local swarm end to end on the embedded broker and bundled model
 	$(BIN)/sapo swarm --manifest examples/swarm-small.yaml
 
+experiment: $(STAMP) ## The paper's I/J comparison at CPU scale (4 configurations x 3 seeds, about an hour)
+	$(BIN)/sapo experiment --profile cpu --out results/experiment-cpu
+
 test: $(STAMP) ## Run the default test suite (unit + integration against the embedded broker)
 	$(BIN)/pytest
 
@@ -42,4 +45,4 @@ proto: $(STAMP) ## Regenerate sapo/v1 from proto/sapo/v1
 bench: $(STAMP) ## Run the benchmarks (ratios against a baseline measured in the same run)
 	for b in bench/bench_*.py; do $(BIN)/python $$b || exit 1; done
 
-.PHONY: help setup swarm test test-slow lint proto bench
+.PHONY: help setup swarm experiment test test-slow lint proto bench

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 import signal
 import sys
 import threading
@@ -18,6 +19,7 @@ from pathlib import Path
 from types import FrameType
 
 from sapo.broker import DEFAULT_HOST, LIBRDKAFKA_LOG, BrokerError, EmbeddedBroker
+from sapo.settings import ConfigError
 from sapo.topics import DEFAULT_PREFIX, TopicError, TopicNames, TopicSpec, ensure_topics, validate_node_id
 
 log = logging.getLogger("sapo.cli")
@@ -122,21 +124,93 @@ def _add_swarm_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="where logs, checkpoints and results go (default runs/<name>-<time>)",
     )
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run every node in this process without Kafka (lock-step only; for quick sweeps)",
+    )
 
 
 def _run_swarm(args: argparse.Namespace) -> int:
     from sapo.swarm.manifest import load_manifest
-    from sapo.swarm.run import run_swarm
 
     manifest = load_manifest(args.manifest)
-    run_dir = args.run_dir or Path("runs") / f"{manifest.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    return run_swarm(manifest, run_dir.resolve())
+    run_dir = (args.run_dir or Path("runs") / f"{manifest.name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    if args.in_process:
+        from sapo.swarm.inprocess import run_inprocess
+
+        code: int = run_inprocess(manifest, run_dir)
+        return code
+    from sapo.swarm.run import run_swarm
+
+    return run_swarm(manifest, run_dir)
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(",") if part.strip())
+
+
+def _add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
+    from sapo.experiment.plan import PROFILES
+
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="cpu", help="scale (default cpu)")
+    parser.add_argument("--out", type=Path, required=True, help="results directory (re-run to resume)")
+    parser.add_argument("--configs", default=None, help="I/J list, e.g. 8/0,4/4 (default: 8/0,6/2,4/4,2/6)")
+    parser.add_argument("--seeds", type=_int_list, default=None, help="e.g. 0,1,2 (default: the profile's)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds per run (default: the profile's)")
+    parser.add_argument("--nodes", type=int, default=None, help="nodes per swarm (default: the profile's)")
+    parser.add_argument("--model", default=None, help="model ref of every node ({seed} = experiment seed)")
+    parser.add_argument(
+        "--in-process", action="store_true", help="run swarms without Kafka (quick sweeps; not the evidence)"
+    )
+    parser.add_argument(
+        "--plan-only", action="store_true", help="write experiment.json and every run's manifest, run nothing"
+    )
+    parser.add_argument("--report-only", action="store_true", help="rewrite the report from finished runs")
+    parser.add_argument("--keep-checkpoints", action="store_true", help="keep each run's final checkpoints")
+
+
+def _run_experiment(args: argparse.Namespace) -> int:
+    from sapo.experiment.analysis import write_report
+    from sapo.experiment.plan import PROFILES, parse_mix, select
+    from sapo.experiment.runner import Mode, report_header, run_experiment, write_plan
+
+    mixes = tuple(parse_mix(m) for m in args.configs.split(",")) if args.configs else None
+    profile = select(
+        PROFILES[args.profile],
+        mixes=mixes,
+        seeds=args.seeds,
+        rounds=args.rounds,
+        nodes=args.nodes,
+        model=args.model,
+    )
+    out_dir: Path = args.out.resolve()
+    mode: Mode = "inprocess" if args.in_process else "services"
+    command = (
+        "sapo " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["experiment"] else ""
+    )
+    if args.plan_only:
+        write_plan(profile, out_dir)
+        print(f"wrote {out_dir / 'experiment.json'} and {len(profile.mixes) * len(profile.seeds)} manifests")
+        return 0
+    if args.report_only:
+        print(write_report(out_dir, report_header(profile, mode, command)))
+        return 0
+    return run_experiment(
+        profile, out_dir, mode=mode, command=command, keep_checkpoints=args.keep_checkpoints, out=sys.stdout
+    )
 
 
 SUBCOMMANDS: tuple[Subcommand, ...] = (
     Subcommand("broker", "run the embedded Kafka-API broker (tansu)", _add_broker_arguments, _run_broker),
     Subcommand("topics", "create the swarm and node topics (idempotent)", _add_topics_arguments, _run_topics),
     Subcommand("swarm", "run a local swarm of nodes end to end", _add_swarm_arguments, _run_swarm),
+    Subcommand(
+        "experiment",
+        "the paper's I/J comparison over seeds, with a results report",
+        _add_experiment_arguments,
+        _run_experiment,
+    ),
 )
 
 
@@ -162,7 +236,11 @@ def main(argv: list[str] | None = None) -> int:
         # Commands report connection failures themselves; librdkafka's per-retry lines are noise.
         LIBRDKAFKA_LOG.setLevel(logging.CRITICAL)
     run: Callable[[argparse.Namespace], int] = args.run
-    return run(args)
+    try:
+        return run(args)
+    except ConfigError as exc:
+        log.error("%s", exc)
+        return 2
 
 
 if __name__ == "__main__":

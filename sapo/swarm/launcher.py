@@ -23,7 +23,7 @@ from typing import Any
 from sapo.broker import EmbeddedBroker
 from sapo.settings import ConsumerProfile
 from sapo.swarm.manifest import NodeSpec, SwarmManifest
-from sapo.swarm.recorder import PolicyRecorder
+from sapo.swarm.recorder import SwarmRecorder
 from sapo.topics import TopicNames, ensure_topics
 
 SERVICES = ("trainer", "sampler", "generator")
@@ -111,12 +111,11 @@ class Swarm:
     processes: list[ServiceProcess] = field(default_factory=list)
     broker: EmbeddedBroker | None = None
     bootstrap: str = ""
-    recorder: PolicyRecorder | None = None
+    recorder: SwarmRecorder | None = None
 
     def start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "logs").mkdir(exist_ok=True)
-        (self.run_dir / "steps").mkdir(exist_ok=True)
         (self.run_dir / "ports").mkdir(exist_ok=True)
         (self.run_dir / "manifest.json").write_text(self.manifest.model_dump_json(indent=1))
         if self.manifest.bootstrap:
@@ -124,17 +123,16 @@ class Swarm:
         else:
             self.broker = EmbeddedBroker(log_path=self.run_dir / "logs" / "broker.log").start()
             self.bootstrap = self.broker.bootstrap
-        specs = [
-            spec
-            for node in self.manifest.nodes
-            for spec in TopicNames.for_node(node.id, self.manifest.topic_prefix).specs()
-        ]
+        names = [TopicNames.for_node(n.id, self.manifest.topic_prefix) for n in self.manifest.nodes]
+        specs = [spec for topics in names for spec in topics.specs()]
         ensure_topics({"bootstrap.servers": self.bootstrap}, specs, timeout_s=30)
-        policy_topics = [
-            TopicNames.for_node(n.id, self.manifest.topic_prefix).policy for n in self.manifest.nodes
-        ]
-        self.recorder = PolicyRecorder(
-            self._consumer_config(), policy_topics, self.run_dir / "steps", f"{self.manifest.name}.recorder"
+        self.recorder = SwarmRecorder(
+            self._consumer_config(),
+            [t.policy for t in names],
+            [t.rollouts for t in names],
+            self.run_dir,
+            group=f"{self.manifest.name}.recorder",
+            questions_per_round={n.id: n.questions_per_round for n in self.manifest.nodes},
         )
         for node in self.manifest.nodes:
             for service in SERVICES:

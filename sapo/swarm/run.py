@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from sapo.lifecycle import StopFlag, install_signal_handlers
+from sapo.swarm.history import ROUNDS_DIR, STEPS_DIR, read_rows
 from sapo.swarm.launcher import Swarm
 from sapo.swarm.manifest import SwarmManifest
 from sapo.swarm.progress import NodeStatus, render, scrape
@@ -38,37 +39,40 @@ def _log_tail(path: Path, lines: int = 15) -> str:
         return "(no log)"
 
 
-def read_steps(path: Path) -> list[dict[str, Any]]:
-    """A trainer's per-step log (one JSON object a line); missing file = no steps."""
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def summarize(swarm: Swarm) -> dict[str, Any]:
+def summarize(manifest: SwarmManifest, run_dir: Path) -> dict[str, Any]:
+    """Per node: steps trained, the batch reward (the paper's metric: external groups included) first,
+    last and summed, and the on-policy reward of the node's own rounds (every completion it sampled)."""
     nodes: dict[str, Any] = {}
-    for node in swarm.manifest.nodes:
-        steps = read_steps(swarm.run_dir / "steps" / f"{node.id}.jsonl")
+    for node in manifest.nodes:
+        steps = read_rows(run_dir / STEPS_DIR / f"{node.id}.jsonl")
         rewards = [s["reward_mean"] for s in steps if s["completion_tokens"]]
-        local = [s["local_reward_mean"] for s in steps if s["completion_tokens"]]
+        rounds = [r["reward_mean"] for r in read_rows(run_dir / ROUNDS_DIR / f"{node.id}.jsonl")]
         nodes[node.id] = {
             "steps": len(steps),
             "reward_sum": sum(rewards),
             "reward_first": rewards[0] if rewards else math.nan,
             "reward_last": rewards[-1] if rewards else math.nan,
-            "local_reward_mean": sum(local) / len(local) if local else math.nan,
+            "rounds": len(rounds),
+            "round_reward_first": rounds[0] if rounds else math.nan,
+            "round_reward_last": rounds[-1] if rounds else math.nan,
         }
-    summary = {"run_dir": str(swarm.run_dir), "nodes": nodes}
-    (swarm.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    summary = {"run_dir": str(run_dir), "nodes": nodes}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 
 
-def _print_summary(summary: dict[str, Any], out: TextIO) -> None:
+def print_summary(summary: dict[str, Any], out: TextIO) -> None:
     out.write(f"\nrun directory: {summary['run_dir']}\n")
-    out.write(f"{'node':<12} {'steps':>5} {'reward first':>12} {'reward last':>11} {'sum':>8}\n")
+    out.write("batch reward: the paper's metric (external groups included); own rounds: on-policy reward\n")
+    out.write(
+        f"{'node':<12} {'steps':>5} {'batch first':>11} {'last':>6} {'sum':>8}"
+        f" {'own round first':>15} {'last':>6}\n"
+    )
     for node, s in summary["nodes"].items():
-        first, last, total = s["reward_first"], s["reward_last"], s["reward_sum"]
-        out.write(f"{node:<12} {s['steps']:>5} {first:>12.3f} {last:>11.3f} {total:>8.3f}\n")
+        out.write(
+            f"{node:<12} {s['steps']:>5} {s['reward_first']:>11.3f} {s['reward_last']:>6.3f}"
+            f" {s['reward_sum']:>8.3f} {s['round_reward_first']:>15.3f} {s['round_reward_last']:>6.3f}\n"
+        )
 
 
 def run_swarm(
@@ -113,5 +117,5 @@ def run_swarm(
             code = 130
     finally:
         swarm.stop()
-    _print_summary(summarize(swarm), out)
+    print_summary(summarize(manifest, run_dir), out)
     return code

@@ -20,6 +20,7 @@ from sapo.tasks.profiles import (
     ProfileError,
     TaskSpec,
     get_profile,
+    load_profile,
     profile_from_dict,
     validate_profile,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "UnscorableTaskError",
     "build_messages",
     "get_profile",
+    "load_profile",
     "profile_from_dict",
     "rederive",
     "render_prompt",

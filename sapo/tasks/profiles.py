@@ -14,8 +14,10 @@ import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import yaml
 from reasoning_gym.factory import DATASETS
 
 from sapo.tasks.datasets import UNSAFE_VERIFIERS
@@ -274,3 +276,24 @@ def _suggest(word: str, choices: Iterable[str]) -> str:
     """' (did you mean X?)' for a near miss, else ''."""
     matches = difflib.get_close_matches(word, list(choices), n=1)
     return f" (did you mean {matches[0]!r}?)" if matches else ""
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """A built-in profile by name, or a profile file (YAML or JSON mapping) by path."""
+    if name_or_path in PROFILES:
+        return get_profile(name_or_path)
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise ValueError(
+            f"{name_or_path!r} is neither a built-in profile ({', '.join(sorted(PROFILES))}) nor a file"
+        )
+    try:
+        data: Any = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"cannot read profile file {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"profile file {path} must hold a mapping of task name to settings")
+    try:
+        return profile_from_dict(data)
+    except ProfileError as exc:
+        raise ValueError(f"profile file {path}: {exc}") from None

@@ -7,17 +7,15 @@ sharing, round pacing, operations. Cross-field rules fail at start with what to 
 from __future__ import annotations
 
 from enum import StrEnum
-from pathlib import Path
-from typing import Any, Self
+from typing import Self
 
-import yaml
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from sapo.generator import Pacing, RoundMode, SharingPolicy
 from sapo.models import BUNDLED_REF
 from sapo.settings import ServiceSettings
-from sapo.tasks import PROFILES, Profile, ProfileError, get_profile, profile_from_dict
+from sapo.tasks import Profile, load_profile
 from sapo.tasks.seeds import stable_hash
 
 
@@ -174,24 +172,3 @@ class GeneratorSettings(ServiceSettings):
     def pacing(self) -> Pacing:
         max_ahead = self.max_ahead if self.round_mode is RoundMode.ASYNC else 0
         return Pacing(self.round_mode, max_ahead, self.rounds)
-
-
-def load_profile(name_or_path: str) -> Profile:
-    """A built-in profile by name, or a profile file (YAML or JSON mapping) by path."""
-    if name_or_path in PROFILES:
-        return get_profile(name_or_path)
-    path = Path(name_or_path)
-    if not path.is_file():
-        raise ValueError(
-            f"{name_or_path!r} is neither a built-in profile ({', '.join(sorted(PROFILES))}) nor a file"
-        )
-    try:
-        data: Any = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ValueError(f"cannot read profile file {path}: {exc}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"profile file {path} must hold a mapping of task name to settings")
-    try:
-        return profile_from_dict(data)
-    except ProfileError as exc:
-        raise ValueError(f"profile file {path}: {exc}") from None

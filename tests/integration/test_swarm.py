@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from sapo.kafka import Disposition, Record
+from sapo.swarm.history import read_rows
 from sapo.swarm.manifest import parse_manifest
-from sapo.swarm.run import read_steps, run_swarm
+from sapo.swarm.run import run_swarm
 from sapo.topics import TopicNames
 from sapo.v1 import rollout_pb2
 from sapo.wire import decode
@@ -57,7 +58,7 @@ def test_two_node_lockstep_swarm_runs_end_to_end(
     assert run_swarm(manifest, tmp_path, refresh_s=0.5, out=out) == 0, out.getvalue()
 
     for node in ("node-a", "node-b"):
-        steps = read_steps(tmp_path / "steps" / f"{node}.jsonl")
+        steps = read_rows(tmp_path / "steps" / f"{node}.jsonl")
         assert [s["version"] for s in steps] == list(range(1, ROUNDS + 1))
         assert [s["batch_id"] for s in steps] == [f"{node}/{i}" for i in range(ROUNDS)]
         # Lock-step: round r is sampled with policy version r, so every announced version was loaded.
@@ -66,4 +67,15 @@ def test_two_node_lockstep_swarm_runs_end_to_end(
             (r, r) for r in range(ROUNDS) for _ in (0, 1)
         ]
         assert (tmp_path / "logs" / f"{node}-trainer.log").exists()
+        # The on-policy record: one row per round, each the mean of every completion the node sampled.
+        rounds = read_rows(tmp_path / "rounds" / f"{node}.jsonl")
+        assert [(r["round"], r["policy_version"], r["groups"]) for r in rounds] == [
+            (r, r, 2) for r in range(ROUNDS)
+        ]
+        by_round = {
+            r: [c.reward for g in groups if g.round == r for c in g.completions] for r in range(ROUNDS)
+        }
+        assert [r["reward_mean"] for r in rounds] == pytest.approx(
+            [sum(v) / len(v) for _, v in sorted(by_round.items())]
+        )
     assert "node-a" in out.getvalue()

@@ -1,0 +1,1 @@
+"""`sapo experiment`: the paper's I/J comparison, run through the real services, several seeds."""

@@ -1,0 +1,93 @@
+"""Held-out evaluation: a policy's reward on questions of the eval split that no node trains on.
+
+Every node of every run is measured on the same questions (one eval stream, fixed seed) with the same
+sampling seed, so before/after and node-to-node differences are differences of the policy only.
+Reported: mean reward at temperature 1.0 (what the policy does when it samples, as in training) and
+accuracy (share of completions with full reward).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from sapo.checkpoints import CheckpointStore, load_weights, read_manifest
+from sapo.generation import SamplingConfig, TransformersBackend
+from sapo.generator import encode_prompt
+from sapo.models import load_model
+from sapo.tasks import STOP_STRINGS, TaskStream, load_profile, render_prompt, score
+
+EVAL_STREAM_SEED = 0
+"""The eval split is disjoint from every train stream by construction (sapo.tasks); one seed for all."""
+SAMPLING_SEED = 4242
+_CHUNK = 16
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    questions: int
+    samples: int
+    reward_mean: float
+    accuracy: float
+    per_task: dict[str, float]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def evaluate(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    task_profile: str,
+    *,
+    questions: int,
+    samples: int,
+    max_new_tokens: int,
+) -> Evaluation:
+    """Sample `samples` completions of each of the first `questions` eval questions and score them."""
+    records = TaskStream(load_profile(task_profile), EVAL_STREAM_SEED, "eval").take(questions)
+    backend = TransformersBackend(model, tokenizer)
+    params = SamplingConfig(
+        max_new_tokens=max_new_tokens,
+        num_samples=samples,
+        temperature=1.0,
+        seed=SAMPLING_SEED,
+        stop=STOP_STRINGS,
+    )
+    per_task: dict[str, list[float]] = {}
+    model.eval()  # type: ignore[no-untyped-call]
+    with torch.no_grad():
+        for start in range(0, len(records), _CHUNK):
+            part = records[start : start + _CHUNK]
+            prompts = [encode_prompt(tokenizer, render_prompt(tokenizer, r)) for r in part]
+            for record, group in zip(part, backend.generate(prompts, params), strict=True):
+                per_task.setdefault(record.task, []).extend(
+                    score(record, s.text, prefilled=True) for s in group
+                )
+    rewards = [r for values in per_task.values() for r in values]
+    return Evaluation(
+        questions=len(records),
+        samples=samples,
+        reward_mean=statistics.fmean(rewards),
+        accuracy=statistics.fmean(r >= 1.0 for r in rewards),
+        per_task={task: statistics.fmean(v) for task, v in sorted(per_task.items())},
+    )
+
+
+def load_final_policy(
+    model_ref: str, checkpoint_root: Path, node_id: str
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, int]:
+    """The node's latest checkpointed weights on top of its base model; returns the version too."""
+    model, tokenizer = load_model(model_ref, dtype=torch.float32)
+    store = CheckpointStore(checkpoint_root)
+    latest = store.latest(node_id)
+    if latest is None:
+        raise FileNotFoundError(f"no checkpoint of {node_id} under {checkpoint_root}")
+    manifest, directory = read_manifest(latest.manifest_uri, latest.manifest_sha256)
+    model.load_state_dict(load_weights(manifest, directory), strict=True)
+    return model, tokenizer, int(manifest.version)

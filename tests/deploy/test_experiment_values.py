@@ -1,0 +1,59 @@
+"""`sapo experiment --plan-only` writes one Helm values file per node: each renders with the chart,
+and every setting it sets is a real setting of its service, with the values the local swarm uses."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sapo.experiment.plan import PROFILES
+from sapo.experiment.runner import write_plan
+from tests.deploy.helm import SERVICES, container, deployment, env_of, render
+from tests.deploy.test_chart import settings_class
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(scope="module")
+def paper_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("plan")
+    write_plan(PROFILES["paper"], out)
+    return out
+
+
+def test_plan_has_a_manifest_per_run_and_values_per_node(paper_plan: Path) -> None:
+    profile = PROFILES["paper"]
+    runs = sorted(p.name for p in (paper_plan / "helm").iterdir())
+    assert len(runs) == len(profile.mixes) * len(profile.seeds)
+    assert sorted(p.stem for p in (paper_plan / "manifests").iterdir()) == runs
+    for run in runs:
+        assert len(list((paper_plan / "helm" / run).glob("node-*.yaml"))) == profile.nodes
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_node_values_render_and_every_setting_is_accepted(
+    paper_plan: Path, service: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    values = paper_plan / "helm" / "i6-j2-s1" / "node-3.yaml"
+    data = yaml.safe_load(values.read_text())
+    assert data["topicPrefix"] == "sapo-i6-j2-s1"  # runs of one experiment never share topics
+    dep = deployment(render(values), service)
+    prefix = f"SAPO_{service.upper()}_"
+    env = {v["name"].removeprefix(prefix): v.get("value", "from-secret") for v in env_of(dep)}
+    if service == "sampler":
+        assert (env["LOCAL_GROUPS"], env["EXTERNAL_GROUPS"], env["EXPECTED_PEERS"]) == ("6", "2", "7")
+    if service == "generator":
+        assert env["MODEL"] == "Qwen/Qwen2.5-0.5B-Instruct"
+        assert env["BACKEND"] == "vllm"
+        assert "nvidia.com/gpu" in container(dep)["resources"]["limits"]
+    if service == "trainer":
+        assert env["CHECKPOINT_ROOT"] == "/var/lib/sapo/checkpoints"  # the chart's volume, not a local path
+        assert "nvidia.com/gpu" in container(dep)["resources"]["limits"]
+    for name in [n for n in os.environ if n.startswith("SAPO_")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(prefix + name, value)
+    settings_class(service)()  # raises ValidationError naming a bad variable
