@@ -2,15 +2,19 @@
 
 No Kafka here: `services.generator` wires these to the transport, the model backend and the metrics.
 - `pacing`: which policy version a round may be generated with (lockstep / async with bounded staleness).
-- `groups`: a round's questions and prompts, and RolloutGroups built from sampled completions.
+- `groups`: a round's questions and prompts, RolloutGroups built from sampled completions, and
+  `generate_round`, which does the whole round with a backend.
 - `sharing`: which groups go to the swarm topic.
 """
 
 from sapo.generator.groups import (
     BatchContext,
+    GeneratedRound,
     RoundPrompt,
+    RoundSource,
     build_group,
     encode_prompt,
+    generate_round,
     plan_round,
     round_seed,
     to_completion,
@@ -20,12 +24,15 @@ from sapo.generator.sharing import SharingPolicy, should_share
 
 __all__ = [
     "BatchContext",
+    "GeneratedRound",
     "Pacing",
     "RoundMode",
     "RoundPrompt",
+    "RoundSource",
     "SharingPolicy",
     "build_group",
     "encode_prompt",
+    "generate_round",
     "plan_round",
     "round_seed",
     "should_share",

@@ -3,6 +3,8 @@
 A round is a pure function of (task stream, round number, batch size): question i of round r is stream
 position r * B + i, and the sampling seed is derived from (node seed, r). A restarted generator therefore
 regenerates the same questions with the same seed; given the same weights, the same completions.
+`generate_round` is that whole step (plan, sample in one backend call, build the groups), shared by the
+generator service and the in-process swarm.
 
 Failed generations keep `FINISH_REASON_ERROR` and carry no reward: scoring them 0 would teach the policy
 that whatever produced the error was a wrong answer.
@@ -10,6 +12,8 @@ that whatever produced the error was a wrong answer.
 
 from __future__ import annotations
 
+import dataclasses
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,7 +22,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from transformers import PreTrainedTokenizerBase
 
 from sapo.convert import question_to_proto
-from sapo.generation import FinishReason, Sample, SamplingConfig
+from sapo.generation import FinishReason, GenerationBackend, Sample, SamplingConfig
 from sapo.tasks import QuestionRecord, TaskStream, render_prompt, score
 from sapo.tasks.seeds import stable_hash
 from sapo.v1 import rollout_pb2
@@ -127,3 +131,50 @@ def build_group(
         prompt_token_ids=list(prompt.prompt_ids),
         generate_seconds=ctx.generate_seconds,
     )
+
+
+@dataclass(frozen=True)
+class RoundSource:
+    """What every round of one node's generator shares: who generates, with which model, how much and
+    how. `sampling.seed` is ignored: each round samples with `round_seed(node_seed, round)`."""
+
+    node_id: str
+    model_id: str
+    tokenizer_fingerprint: str
+    node_seed: int
+    questions_per_round: int
+    sampling: SamplingConfig
+
+
+@dataclass(frozen=True)
+class GeneratedRound:
+    """The groups of one round, and the wall time of the backend call that sampled them."""
+
+    groups: list[rollout_pb2.RolloutGroup]
+    generate_seconds: float
+
+
+def generate_round(
+    backend: GenerationBackend, stream: TaskStream, source: RoundSource, round_: int, version: int
+) -> GeneratedRound:
+    """Round `round_` of the node: its questions, all B x L completions in one backend call with the
+    round's seed, scored and built into groups stamped with policy `version` (the weights the backend
+    holds; the caller knows which, the backend is never asked to swap weights here)."""
+    prompts = plan_round(backend.tokenizer, stream, round_, source.questions_per_round)
+    sampling = dataclasses.replace(source.sampling, seed=round_seed(source.node_seed, round_))
+    created_at = now_timestamp()
+    started = time.perf_counter()
+    samples = backend.generate([p.prompt_ids for p in prompts], sampling)
+    seconds = time.perf_counter() - started
+    ctx = BatchContext(
+        node_id=source.node_id,
+        model_id=source.model_id,
+        tokenizer_fingerprint=source.tokenizer_fingerprint,
+        policy_version=version,
+        round=round_,
+        sampling=sampling,
+        created_at=created_at,
+        generate_seconds=seconds,
+    )
+    groups = [build_group(p, s, ctx) for p, s in zip(prompts, samples, strict=True)]
+    return GeneratedRound(groups, seconds)

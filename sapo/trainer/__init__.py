@@ -5,10 +5,12 @@
 - `optim`: AdamW and its warmup / constant / cosine schedule.
 - `state`: the resumable state (`trainer_state.pt`): optimizer, schedule, RNG, offsets, ledger.
 - `engine`: `Trainer`, which ties them together and documents the delivery semantics.
+- `report`: `step_metrics`, the wire summary of a step (what a `PolicyUpdate` announces).
 """
 
 from sapo.trainer.engine import StepReport, Trainer
 from sapo.trainer.optim import OptimConfig, Schedule, lr_factor
+from sapo.trainer.report import step_metrics
 from sapo.trainer.sequences import BuiltBatch, ExternalLogprobs, Row, RowMode, SequenceBuilder
 from sapo.trainer.state import TRAINER_STATE, LedgerEntry, TrainerState
 from sapo.trainer.step import MicroBatch, Precision, StepConfig, StepStats, plan_micro_batches, train_on_batch
@@ -32,5 +34,6 @@ __all__ = [
     "TrainerState",
     "lr_factor",
     "plan_micro_batches",
+    "step_metrics",
     "train_on_batch",
 ]

@@ -23,16 +23,16 @@ Delivery semantics:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import statistics
 import time
 from collections.abc import Callable, Sequence
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from sapo.generation import GenerationBackend, SamplingConfig, TransformersBackend, VLLMBackend
-from sapo.generator import BatchContext, build_group, plan_round, round_seed, should_share
+from sapo.generator import RoundSource, generate_round, should_share
 from sapo.generator.sharing import scored_rewards
 from sapo.kafka import Publisher
 from sapo.lifecycle import StopFlag
@@ -42,7 +42,7 @@ from sapo.service import Runtime
 from sapo.tasks import STOP_STRINGS, TaskStream
 from sapo.topics import TopicNames
 from sapo.v1 import rollout_pb2
-from sapo.wire import now_timestamp, rollout_headers
+from sapo.wire import rollout_headers
 from services.generator.metrics import GeneratorMetrics
 from services.generator.policy import WEIGHTS_OK, PolicyFollower
 from services.generator.settings import BackendKind, GeneratorSettings
@@ -80,16 +80,8 @@ class GeneratorCore:
         self._health = health
         self._stop = stop
         self._pacing = settings.pacing()
-        self._node_seed = settings.effective_node_seed
-        self._stream = TaskStream(settings.task_profile(), self._node_seed, "train")
-        self._fingerprint = tokenizer_fingerprint(backend.tokenizer)
-        self._sampling = SamplingConfig(
-            max_new_tokens=settings.max_new_tokens,
-            num_samples=settings.completions_per_question,
-            temperature=settings.temperature,
-            top_p=settings.top_p,
-            stop=STOP_STRINGS,
-        )
+        self._source = round_source(settings, backend.tokenizer)
+        self._stream = TaskStream(settings.task_profile(), self._source.node_seed, "train")
         key = settings.signing_key
         self._signing_key = key.get_secret_value().encode() if key is not None else None
         self.round = 0
@@ -145,25 +137,8 @@ class GeneratorCore:
     def run_round(self, round_: int) -> list[rollout_pb2.RolloutGroup]:
         """Generate, score, publish and flush one round with the currently loaded weights."""
         version = self._backend.model_version
-        prompts = plan_round(
-            self._backend.tokenizer, self._stream, round_, self._settings.questions_per_round
-        )
-        sampling = dataclasses.replace(self._sampling, seed=round_seed(self._node_seed, round_))
-        created_at = now_timestamp()
-        started = time.perf_counter()
-        samples = self._backend.generate([p.prompt_ids for p in prompts], sampling)
-        seconds = time.perf_counter() - started
-        ctx = BatchContext(
-            node_id=self._settings.node_id,
-            model_id=self._settings.model,
-            tokenizer_fingerprint=self._fingerprint,
-            policy_version=version,
-            round=round_,
-            sampling=sampling,
-            created_at=created_at,
-            generate_seconds=seconds,
-        )
-        groups = [build_group(p, s, ctx) for p, s in zip(prompts, samples, strict=True)]
+        generated = generate_round(self._backend, self._stream, self._source, round_, version)
+        groups, seconds = generated.groups, generated.generate_seconds
         shared = self._publish(groups)
         self._observe(round_, groups, seconds, shared)
         log.info(
@@ -174,14 +149,13 @@ class GeneratorCore:
     def _publish(self, groups: Sequence[rollout_pb2.RolloutGroup]) -> int:
         """Send every group to the private topic and the shared ones to the swarm; flush both."""
         settings = self._settings
-        fraction = settings.share_fraction if settings.share_fraction is not None else 1.0
         shared = 0
         for group in groups:
             value = group.SerializeToString()
             headers = rollout_headers(group, value, self._signing_key)
             key = group.group_id.encode()
             self._publisher.send(self._topics.rollouts, key, value, headers)
-            if should_share(group, settings.sharing, fraction=fraction, seed=self._node_seed):
+            if is_shared(settings, group):
                 self._swarm_publisher.send(self._topics.swarm_rollouts, key, value, headers)
                 shared += 1
         self._publisher.flush(settings.flush_timeout_s)
@@ -205,6 +179,30 @@ class GeneratorCore:
             failed = sum(c.finish_reason == rollout_pb2.FINISH_REASON_ERROR for c in group.completions)
             metrics.completions_failed.inc(failed)
             metrics.tokens.inc(sum(len(c.token_ids) for c in group.completions))
+
+
+def round_source(settings: GeneratorSettings, tokenizer: PreTrainedTokenizerBase) -> RoundSource:
+    """What every round of this generator shares (node, model, seed, B, sampling knobs)."""
+    return RoundSource(
+        node_id=settings.node_id,
+        model_id=settings.model,
+        tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
+        node_seed=settings.effective_node_seed,
+        questions_per_round=settings.questions_per_round,
+        sampling=SamplingConfig(
+            max_new_tokens=settings.max_new_tokens,
+            num_samples=settings.completions_per_question,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            stop=STOP_STRINGS,
+        ),
+    )
+
+
+def is_shared(settings: GeneratorSettings, group: rollout_pb2.RolloutGroup) -> bool:
+    """Whether the group goes to the swarm topic under the settings' sharing policy."""
+    fraction = settings.share_fraction if settings.share_fraction is not None else 1.0
+    return should_share(group, settings.sharing, fraction=fraction, seed=settings.effective_node_seed)
 
 
 def make_backend(settings: GeneratorSettings) -> GenerationBackend:

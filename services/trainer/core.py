@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import time
 from collections.abc import Callable, Iterator
 
@@ -42,7 +41,7 @@ from sapo.models import load_model
 from sapo.ops import Health
 from sapo.service import Runtime
 from sapo.topics import TopicNames
-from sapo.trainer import StepReport, Trainer
+from sapo.trainer import StepReport, Trainer, step_metrics
 from sapo.v1 import batch_pb2, policy_pb2
 from sapo.wire import SCHEMA_VERSION, InvalidMessageError, decode, message_headers, validate_batch
 from services.trainer.metrics import TrainerMetrics
@@ -287,26 +286,3 @@ class TrainerService:
             report.lr,
             report.seconds,
         )
-
-
-def step_metrics(report: StepReport) -> policy_pb2.StepMetrics:
-    """The wire summary of a step; NaN ("no data") becomes 0 as the contract asks."""
-
-    def finite(value: float) -> float:
-        return value if math.isfinite(value) else 0.0
-
-    built = report.built
-    proto = policy_pb2.StepMetrics(
-        reward_mean=finite(built.reward_mean()),
-        local_reward_mean=finite(built.reward_mean(local_only=True)),
-        step_seconds=report.seconds,
-    )
-    if report.stats is not None:
-        m = report.stats.metrics
-        proto.loss = finite(m.loss)
-        proto.clip_fraction_low = finite(m.clip_fraction_low)
-        proto.clip_fraction_high = finite(m.clip_fraction_high)
-        proto.grad_norm = finite(report.stats.grad_norm)
-        proto.entropy = finite(m.entropy_mean)
-        proto.completion_tokens = report.stats.completion_tokens
-    return proto

@@ -1,0 +1,156 @@
+"""Pipeline overhead: seconds per round of one manifest through Kafka and separate services vs in process.
+
+Both modes run the same work: the same nodes, models, seeds and rounds (lock-step, so each round is
+one generation of B x L completions and one GRPO step per node). Kafka: `sapo.swarm.run.run_swarm`,
+three service processes per node on the embedded broker, checkpoints every step because the
+generators load their weights from them. In process: `sapo.swarm.inprocess.run_inprocess`, the same
+core functions called directly on one shared model per node.
+
+How start-up is excluded: both modes write one step row per trained version with a wall-clock
+`created_at` (Kafka: the checkpoint the trainer announced; in process: right after the step). Per
+node, seconds per round = (created_at of the last version - that of version 1) / (rounds - 1), i.e.
+the time from the end of the first round to the end of the last one; the table shows the mean over
+nodes. Broker start, consumer-group joins, model loads and round 0 are therefore outside the window.
+With --repeats > 1 the modes alternate (Kafka first on odd repeats) and medians are compared.
+
+Caveat, printed with the result: the in-process mode runs the nodes one after another on one thread,
+while the services of all nodes run concurrently on every core, so on a many-core machine the Kafka
+swarm can be faster than the "baseline" and the overhead negative. The CPU seconds of each whole run
+(start-up included; Kafka: every child process plus this one) are printed for that reason.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_pipeline.py [--model warm:0] [--nodes 4] [--rounds 10]
+
+Target: overhead = Kafka / in-process - 1 <= 5%. A quick check of the script itself:
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_pipeline.py --model tiny:0 --nodes 2 --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import resource
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from sapo.swarm.history import STEPS_DIR, read_rows
+from sapo.swarm.inprocess import run_inprocess
+from sapo.swarm.manifest import SwarmManifest, parse_manifest
+from sapo.swarm.run import run_swarm
+
+TARGET_OVERHEAD = 0.05
+CAVEAT = (
+    "caveat: in process, the nodes run one after another on one thread; the services of all nodes run "
+    "concurrently on every core"
+)
+
+
+def bench_manifest(model: str, nodes: int, rounds: int) -> SwarmManifest:
+    return parse_manifest(
+        {
+            "name": "bench-pipeline",
+            "defaults": {
+                "model": model,
+                "questions_per_round": 8,
+                "completions_per_question": 8,
+                "local_groups": 4,
+                "external_groups": 4,
+                "max_new_tokens": 24,
+                "learning_rate": 1e-3,
+                "round_mode": "lockstep",
+                "rounds": rounds,
+                "trainer": {"checkpoint_every": 1},
+            },
+            "nodes": [{"id": f"node-{i}", "seed": i} for i in range(1, nodes + 1)],
+        }
+    )
+
+
+def seconds_per_round(run_dir: Path, manifest: SwarmManifest) -> float:
+    """Mean over nodes of (t[last version] - t[version 1]) / (versions - 1), from the step rows."""
+    per_node = []
+    for node in manifest.nodes:
+        rows = sorted(read_rows(run_dir / STEPS_DIR / f"{node.id}.jsonl"), key=lambda r: r["version"])
+        if len(rows) != node.rounds or rows[0]["version"] != 1:
+            raise RuntimeError(f"{node.id}: {len(rows)} step rows in {run_dir}, expected {node.rounds}")
+        per_node.append((rows[-1]["created_at"] - rows[0]["created_at"]) / (len(rows) - 1))
+    return statistics.fmean(per_node)
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and of every child it has waited for."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def measure(
+    mode: str, run: Callable[[SwarmManifest, Path, io.StringIO], int], manifest: SwarmManifest, run_dir: Path
+) -> tuple[float, float]:
+    """(seconds per round, CPU seconds of the whole run) of one mode; its output goes to run.log."""
+    run_dir.mkdir(parents=True)
+    log = io.StringIO()
+    cpu, wall = cpu_seconds(), time.monotonic()
+    code = run(manifest, run_dir, log)
+    cpu, wall = cpu_seconds() - cpu, time.monotonic() - wall
+    (run_dir / "run.log").write_text(log.getvalue())
+    if code != 0:
+        raise SystemExit(f"{mode} run failed with exit status {code}; see {run_dir / 'run.log'}")
+    per_round = seconds_per_round(run_dir, manifest)
+    print(f"  {mode:<10} {per_round:8.3f} s/round   {cpu:7.1f} cpu s   {wall:6.1f} s wall in all", flush=True)
+    return per_round, cpu
+
+
+def kafka(manifest: SwarmManifest, run_dir: Path, out: io.StringIO) -> int:
+    return run_swarm(manifest, run_dir, refresh_s=0.5, out=out)
+
+
+def inprocess(manifest: SwarmManifest, run_dir: Path, out: io.StringIO) -> int:
+    return run_inprocess(manifest, run_dir, out)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--model", default="warm:0", help="model ref of every node (default warm:0)")
+    parser.add_argument("--nodes", type=int, default=4, help="nodes, seeds 1..N (default 4)")
+    parser.add_argument("--rounds", type=int, default=10, help="lock-step rounds, >= 2 (default 10)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per mode, alternating (default 1)")
+    parser.add_argument("--keep", type=Path, help="keep the run directories under this directory")
+    args = parser.parse_args()
+    if args.rounds < 2 or args.nodes < 1 or args.repeats < 1:
+        parser.error(
+            "--rounds must be >= 2 (the window spans version 1 to the last), --nodes and --repeats >= 1"
+        )
+    manifest = bench_manifest(args.model, args.nodes, args.rounds)
+    modes = {"kafka": kafka, "inprocess": inprocess}
+    results: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
+    with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as tmp:
+        root = args.keep or Path(tmp)
+        print(
+            f"{args.nodes} nodes of {args.model}, 8x8 per round, I/J 4/4, 24 new tokens, {args.rounds} rounds"
+        )
+        for repeat in range(args.repeats):
+            order = list(modes) if repeat % 2 == 0 else list(reversed(modes))
+            print(f"repeat {repeat + 1}/{args.repeats}:")
+            for mode in order:
+                run_dir = root / f"{mode}-{repeat}"
+                results[mode].append(measure(mode, modes[mode], manifest, run_dir))
+    kafka_s = statistics.median(r[0] for r in results["kafka"])
+    inprocess_s = statistics.median(r[0] for r in results["inprocess"])
+    overhead = kafka_s / inprocess_s - 1
+    verdict = "met" if overhead <= TARGET_OVERHEAD else "missed"
+    print(f"\nkafka {kafka_s:.3f} s/round, in process {inprocess_s:.3f} s/round (medians)")
+    print(f"ratio kafka / in process = {kafka_s / inprocess_s:.3f}: overhead {overhead:+.1%}")
+    print(f"target: overhead <= {TARGET_OVERHEAD:.0%} ({verdict})")
+    print(CAVEAT)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,376 @@
+"""The in-process swarm: the run a manifest describes, in one process, without Kafka.
+
+Same work as `sapo swarm` (`sapo.swarm.run.run_swarm`), done by the same core functions the services
+call, so it serves as the baseline of the pipeline-overhead benchmark and as a quick sweep tool:
+
+- Settings: each node's `GeneratorSettings`, `SamplerSettings` and `TrainerSettings` are built from
+  `sapo.swarm.launcher.service_values` (plus the node id, topic prefix and consumer profile the
+  launcher sets) through `sapo.settings.load_settings`, exactly as the services build theirs. Stray
+  `SAPO_GENERATOR_*` / `SAPO_SAMPLER_*` / `SAPO_TRAINER_*` variables of the calling process therefore
+  act as they would on the services (the launcher hands its environment on): they fill fields the
+  manifest leaves unset, and unknown ones are refused.
+- Per node, one model: `services.trainer.core.build_trainer` loads it, and the sampling backend wraps
+  that very model object (no checkpoint round trip), so round r is sampled with the weights of version
+  r, which is what lock-step pacing guarantees the generator service.
+- Per round r: every node generates round r (`sapo.generator.generate_round`); then every node screens
+  its own groups as "local" and the other nodes' shared ones (`services.generator.core.is_shared`) as
+  "external" (`sapo.sampler.Screen`), closes round r with the lock-step `Assembler`, builds the
+  `TrainingBatch` and applies it (`Trainer.apply`).
+
+Differences from the services, all deliberate:
+- Lock-step only (ConfigError otherwise): the streaming modes' behaviour is made of arrival timing.
+- Nothing is serialized and no header prefilter runs: the groups never leave the process, so there is
+  no signature or schema to check. Arrival order is fixed (local, then peers in manifest order).
+- Where a lock-step sampler would wait for a timeout (a peer shared nothing this round, or a local
+  group never arrived), nothing more can arrive here, so the sampler's clock is advanced past the
+  timeout instead; the progress line says "waited N s" for the time the services would have lost.
+- Checkpoints: version 0 at start and each node's final version at the end, in the trainer service's
+  `CheckpointStore` layout under `<run_dir>/checkpoints` (the services also write one every
+  `checkpoint_every` steps: the generators need them, here nobody does).
+- Nodes run one after another on one thread; the services run concurrently on every core.
+
+The run record (`sapo.swarm.history`) is the Kafka swarm's: `manifest.json`, `steps/<node>.jsonl` (the
+`StepMetrics` a `PolicyUpdate` would announce, `created_at` = wall clock right after the step) and
+`rounds/<node>.jsonl`, plus `summary.json` (`sapo.swarm.run.summarize`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from sapo.checkpoints import Written
+from sapo.generation import GenerationBackend, TransformersBackend
+from sapo.generator import Pacing, RoundSource, generate_round
+from sapo.lifecycle import StopFlag, install_signal_handlers
+from sapo.sampler import Assembler, History, Origin, Screen, SeenGroups, build_batch, make_assembler
+from sapo.settings import ConfigError, ConsumerProfile, load_settings
+from sapo.swarm.history import ROUNDS_DIR, STEPS_DIR, append_row, round_row, step_row
+from sapo.swarm.launcher import service_values
+from sapo.swarm.manifest import NodeSpec, SwarmManifest
+from sapo.swarm.run import print_summary, summarize
+from sapo.tasks import TaskStream
+from sapo.trainer import StepReport, Trainer, step_metrics
+from sapo.v1 import batch_pb2, rollout_pb2
+from sapo.wire import InvalidMessageError, now_timestamp, validate_batch
+from services.generator.core import is_shared, round_source
+from services.generator.settings import BackendKind, DType, GeneratorSettings
+from services.sampler.settings import SamplerSettings
+from services.trainer.core import build_trainer
+from services.trainer.settings import TrainerSettings
+
+log = logging.getLogger(__name__)
+
+BackendFactory = Callable[[Trainer], GenerationBackend]
+"""Makes a node's sampling backend from its trainer; it must sample with `trainer.model`."""
+
+
+def shared_backend(trainer: Trainer) -> GenerationBackend:
+    """The transformers backend over the trainer's own model object and tokenizer."""
+    return TransformersBackend(trainer.model, trainer.builder.tokenizer)
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """The three services' settings of one node, as the launcher would configure them."""
+
+    generator: GeneratorSettings
+    sampler: SamplerSettings
+    trainer: TrainerSettings
+
+
+def node_settings(manifest: SwarmManifest, node: NodeSpec, run_dir: Path) -> NodeSettings:
+    """Settings from the same values the launcher passes to the services (see the module docstring)."""
+    peers = sum(1 for n in manifest.nodes if n.id != node.id and n.sharing != "none")
+    common: dict[str, object] = {"node_id": node.id, "topic_prefix": manifest.topic_prefix}
+    if manifest.bootstrap is None:  # the launcher's embedded-broker profile (trainer settings check it)
+        common["consumer"] = ConsumerProfile.local().model_dump()
+
+    def values(service: str) -> dict[str, object]:
+        return common | service_values(node, service, run_dir, peers)
+
+    return NodeSettings(
+        generator=load_settings(GeneratorSettings, **values("generator")),
+        sampler=load_settings(SamplerSettings, **values("sampler")),
+        trainer=load_settings(TrainerSettings, **values("trainer")),
+    )
+
+
+def check_inprocess(node: NodeSpec, s: NodeSettings) -> None:
+    """Refuse what one shared fp32 model and lock-step rounds cannot reproduce; say what to set."""
+    modes = {
+        "manifest": node.round_mode,
+        "generator": str(s.generator.round_mode),
+        "sampler": str(s.sampler.round_mode),
+    }
+    if set(modes.values()) != {"lockstep"}:
+        raise ConfigError(
+            f"node {node.id}: the in-process mode runs lock-step rounds only (round modes {modes}): set "
+            "round_mode: lockstep and no generator/sampler round_mode override, or run `sapo swarm`"
+        )
+    g, t = s.generator, s.trainer
+    problems = []
+    if g.backend is not BackendKind.HF:
+        problems.append("generator backend: hf (vLLM holds its own copy of the weights)")
+    if g.dtype is not DType.FLOAT32:
+        problems.append("generator dtype: float32 (the trainer's weights are sampled as they are)")
+    if g.device != t.device or g.model != t.model:
+        problems.append(f"generator model/device equal to the trainer's ({t.model} on {t.device})")
+    if problems:
+        raise ConfigError(
+            f"node {node.id}: the in-process mode samples with the trainer's own fp32 model; set "
+            + "; ".join(problems)
+        )
+
+
+@dataclass(frozen=True)
+class NodeRound:
+    """What one node did in one round."""
+
+    node_id: str
+    groups: list[rollout_pb2.RolloutGroup]
+    shared: int
+    batch: batch_pb2.TrainingBatch
+    report: StepReport
+    waited_s: float
+    """How long the services' lock-step sampler would have waited on a timeout before this batch."""
+
+
+class LockstepSampler:
+    """One node's sampler without Kafka: `Screen` + lock-step `Assembler` + `build_batch`, wired as
+    `services.sampler.core.SamplerCore` wires them (fresh history; handles are unused)."""
+
+    def __init__(self, settings: SamplerSettings, history: History | None = None) -> None:
+        history = history or History()
+        self.settings = settings
+        self.sequence = history.next_sequence
+        seen = SeenGroups(settings.dedupe_capacity, history.used_group_ids)
+        self.screen = Screen(settings.screen_config(), seen, on_arrival=self._arrived)
+        self.assembler: Assembler[None] = make_assembler(
+            settings.assembly_config(), history.next_round, self.screen.verify
+        )
+        self.rejected: Counter[str] = Counter()
+
+    def _arrived(self, group: rollout_pb2.RolloutGroup, origin: Origin, now_s: float) -> None:
+        self.assembler.arrived(group, origin, now_s)
+
+    def offer(self, group: rollout_pb2.RolloutGroup, origin: Origin, now_s: float) -> None:
+        """Screen and pool one group (the service's `_admit`); rejections are counted by reason."""
+        try:
+            verdict = self.screen.check(group, origin, now_s, self.sequence)
+        except InvalidMessageError as exc:  # the service dead-letters it
+            self.rejected[exc.reason] += 1
+            return
+        if isinstance(verdict, str):
+            self.rejected[verdict] += 1
+            return
+        refusal = self.assembler.add(verdict, None, now_s)
+        if refusal is None:
+            self.screen.seen.add(group.group_id)
+        else:
+            self.rejected[refusal] += 1
+
+    def close_round(self, now_s: float) -> tuple[batch_pb2.TrainingBatch, float]:
+        """The next lock-step batch and the timeout wait the service would have had before it."""
+        cfg = self.settings
+        peers, local = cfg.lockstep_timeout_s, cfg.lockstep_local_timeout_s
+        for wait in sorted({0.0, peers, local, local + peers}):
+            assembly = self.assembler.next_batch(now_s + wait, self.sequence)
+            if assembly is not None:
+                break
+        else:
+            raise RuntimeError(
+                f"{cfg.node_id}: the lock-step sampler closed no round: none of its own groups passed "
+                "the identity filter (accepted_tasks?); the services would stall here too"
+            )
+        for discard in self.assembler.take_discards():
+            self.rejected[discard.reason] += 1
+        batch = build_batch(
+            cfg.node_id,
+            self.sequence,
+            [e.scored for e in assembly.entries],
+            [],
+            round_=assembly.round,
+            created_at=now_timestamp(),
+        )
+        problem = validate_batch(batch)
+        if problem is not None:
+            raise RuntimeError(f"assembled an invalid batch {batch.batch_id}: {problem}")
+        self.sequence += 1
+        return batch, wait
+
+
+class Node:
+    """One node's generator, sampler and trainer around one model."""
+
+    def __init__(self, spec: NodeSpec, settings: NodeSettings, make_backend: BackendFactory) -> None:
+        self.spec = spec
+        self.settings = settings
+        self.trainer = build_trainer(settings.trainer)
+        self.backend = make_backend(self.trainer)
+        self.source: RoundSource = round_source(settings.generator, self.backend.tokenizer)
+        self.stream = TaskStream(settings.generator.task_profile(), self.source.node_seed, "train")
+        self.pacing: Pacing = settings.generator.pacing()
+        self.sampler = LockstepSampler(settings.sampler)
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+    def generate(self, round_: int) -> list[rollout_pb2.RolloutGroup]:
+        version = self.trainer.version
+        if not self.pacing.may_generate(round_, version):
+            raise RuntimeError(f"{self.id}: round {round_} with policy v{version} breaks lock-step")
+        return generate_round(self.backend, self.stream, self.source, round_, version).groups
+
+    def shared(self, groups: list[rollout_pb2.RolloutGroup]) -> list[rollout_pb2.RolloutGroup]:
+        return [g for g in groups if is_shared(self.settings.generator, g)]
+
+
+class InProcessSwarm:
+    """The swarm of a manifest in this process; see the module docstring. `run` drives it whole;
+    tests call `start`, `run_round` and `finish` to look at each round."""
+
+    def __init__(
+        self, manifest: SwarmManifest, run_dir: Path, *, make_backend: BackendFactory = shared_backend
+    ) -> None:
+        self.manifest = manifest
+        self.run_dir = run_dir
+        self._make_backend = make_backend
+        self.settings = {n.id: node_settings(manifest, n, run_dir) for n in manifest.nodes}
+        for node in manifest.nodes:
+            check_inprocess(node, self.settings[node.id])
+        self.nodes: list[Node] = []
+
+    @property
+    def rounds(self) -> int:
+        return max(n.rounds for n in self.manifest.nodes)
+
+    def start(self) -> None:
+        """Refuse a used run directory, write the manifest, load every model, write version 0."""
+        for part in (STEPS_DIR, ROUNDS_DIR, "checkpoints"):
+            if any((self.run_dir / part).glob("*")):
+                raise ConfigError(f"{self.run_dir / part} holds an earlier run: pick a fresh run directory")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "manifest.json").write_text(self.manifest.model_dump_json(indent=1))
+        for spec in self.manifest.nodes:
+            node = Node(spec, self.settings[spec.id], self._make_backend)
+            node.trainer.initialize()
+            self.nodes.append(node)
+
+    def run_round(self, round_: int, stop: StopFlag | None = None) -> list[NodeRound]:
+        """Every node generates round `round_`, then every node trains its batch of that round.
+        Nodes past their own round limit sit the round out. Stops between units once `stop` is set."""
+        active = [n for n in self.nodes if not n.pacing.finished(round_)]
+        generated: dict[str, list[rollout_pb2.RolloutGroup]] = {}
+        shared: dict[str, list[rollout_pb2.RolloutGroup]] = {}
+        for node in active:
+            if stop is not None and stop.is_set():
+                return []
+            generated[node.id] = groups = node.generate(round_)
+            shared[node.id] = node.shared(groups)
+            append_row(self.run_dir / ROUNDS_DIR / f"{node.id}.jsonl", round_row(groups))
+        done: list[NodeRound] = []
+        for node in active:
+            if stop is not None and stop.is_set():
+                break
+            done.append(self._train(node, generated, shared))
+        return done
+
+    def _train(
+        self,
+        node: Node,
+        generated: dict[str, list[rollout_pb2.RolloutGroup]],
+        shared: dict[str, list[rollout_pb2.RolloutGroup]],
+    ) -> NodeRound:
+        sampler = node.sampler
+        for group in generated[node.id]:
+            sampler.offer(group, "local", time.time())
+        for peer, groups in shared.items():
+            if peer != node.id:
+                for group in groups:
+                    sampler.offer(group, "external", time.time())
+        batch, waited = sampler.close_round(time.time())
+        if waited:
+            log.warning("%s: the services' lock-step sampler would wait %.0f s here", node.id, waited)
+        report = node.trainer.apply(batch)
+        row = step_row(node.id, report.version, report.batch_id, step_metrics(report), time.time())
+        append_row(self.run_dir / STEPS_DIR / f"{node.id}.jsonl", row)
+        own = generated[node.id]
+        return NodeRound(node.id, own, len(shared[node.id]), batch, report, waited)
+
+    def finish(self) -> list[Written]:
+        """Write each node's current version as its final checkpoint (version 0 is already there)."""
+        return [n.trainer.checkpoint() for n in self.nodes if n.trainer.version > 0]
+
+    def run(self, out: TextIO = sys.stdout, stop: StopFlag | None = None) -> int:
+        """Run every round, write the final checkpoints, print a summary; 130 when `stop` was set or
+        on KeyboardInterrupt (then a step cut short may leave its weights half-updated: `run_inprocess`
+        turns Ctrl-C into `stop`, honoured between steps). Errors propagate with no final checkpoint."""
+        code = 0
+        try:
+            self.start()
+            for round_ in range(self.rounds):
+                started = time.perf_counter()
+                done = self.run_round(round_, stop)
+                out.write(progress_line(round_, self.rounds, done, time.perf_counter() - started) + "\n")
+                out.flush()
+                if stop is not None and stop.is_set():
+                    out.write(f"\nstopping ({stop.reason})\n")
+                    code = 130
+                    break
+        except KeyboardInterrupt:
+            out.write("\ninterrupted\n")
+            code = 130
+        self.finish()
+        print_summary(summarize(self.manifest, self.run_dir), out)
+        for node in self.nodes:
+            counts = ", ".join(f"{k} {v}" for k, v in sorted(node.sampler.rejected.items())) or "none"
+            out.write(f"{node.id} sampler rejections: {counts}\n")
+        return code
+
+
+def progress_line(round_: int, rounds: int, done: list[NodeRound], seconds: float) -> str:
+    """`round 3/10 (4.1 s): node-a 0.250 4+4, ...`: the on-policy reward of each node's own round and
+    the local+external groups of its batch."""
+    parts = []
+    for r in done:
+        mean = round_row(r.groups)["reward_mean"]
+        sources = Counter(bg.source for bg in r.batch.groups)
+        mix = f"{sources[batch_pb2.GROUP_SOURCE_LOCAL]}+{sources[batch_pb2.GROUP_SOURCE_EXTERNAL]}"
+        waited = f" (waited {r.waited_s:.0f} s)" if r.waited_s else ""
+        parts.append(f"{r.node_id} {mean:.3f} {mix}{waited}")
+    return f"round {round_ + 1}/{rounds} ({seconds:.1f} s): " + ", ".join(parts)
+
+
+@contextlib.contextmanager
+def _stop_on_signals(stop: StopFlag) -> Iterator[None]:
+    """SIGINT / SIGTERM set `stop` (a second one exits at once) while the block runs, in the main
+    thread only; the previous handlers come back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    install_signal_handlers(stop)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def run_inprocess(manifest: SwarmManifest, run_dir: Path, out: TextIO = sys.stdout) -> int:
+    """Run the manifest's swarm in this process (lock-step only); 0 when done, 130 when stopped by
+    SIGINT / SIGTERM (after the current step, with the record and final checkpoints written)."""
+    stop = StopFlag()
+    with _stop_on_signals(stop):
+        return InProcessSwarm(manifest, run_dir).run(out, stop)
