@@ -14,6 +14,10 @@
 - `deadline`: due when I local groups are pooled and J external ones, or `deadline_s` after the I
   local groups were there; missing external slots are then filled from local.
 - `async`: due whenever I local and J external groups are pooled.
+- Both streaming modes: when a whole round of fresh local groups (`questions_per_round`) was screened
+  since the last batch and fewer than I of them had signal, the batch is due with what is pooled (even
+  nothing). Otherwise a node whose rounds rarely have signal would deadlock: the generator may run only
+  `max_ahead` versions ahead of the trainer, and the trainer only advances on a batch.
 
 In the streaming modes local groups are taken oldest first (they only get staler), external ones by
 the selection policy. Every mode expires pooled groups that outlived the age / staleness bounds.
@@ -114,6 +118,10 @@ class Assembler(ABC, Generic[H]):
     def arrived(self, group: rollout_pb2.RolloutGroup, origin: Origin, now_s: float) -> None:
         """A genuine group of a node arrived (before the signal filter); lock-step counts these."""
 
+    def screened(self, origin: Origin) -> None:
+        """A fresh group (not a duplicate, not stale) was screened: pooled next, or without signal.
+        Re-deliveries after a restart are duplicates, so they never count as new work."""
+
     def add(self, scored: Scored, handle: H, now_s: float) -> str | None:
         """Pool a screened group; returns a refusal reason instead when the mode cannot use it."""
         if not scored.verified and self._verify is None:
@@ -182,6 +190,15 @@ class StreamingAssembler(Assembler[H]):
         super().__init__(cfg, verify)
         self._deadline_s = deadline_s
         self._local_ready_s: float | None = None
+        self._local_screened = 0
+        """Fresh local groups screened (with or without signal) since the last batch."""
+
+    def screened(self, origin: Origin) -> None:
+        if origin == "local":
+            self._local_screened += 1
+
+    def _starved(self) -> bool:
+        return self._local_screened >= self.cfg.questions_per_round
 
     def next_batch(self, now_s: float, sequence: int) -> Assembly[H] | None:
         self._expire(now_s, sequence)
@@ -196,6 +213,9 @@ class StreamingAssembler(Assembler[H]):
         local_n = pool.count("local")
         external_n = usable_external(pool.peer_counts(), self.cfg.max_per_source, mix.total)
         n_local, n_external = plan(mix, local_n, external_n)
+        starved = local_n < n_local and self._starved()
+        if starved:  # a round came and went without I local groups with signal: take what is there
+            n_local, n_external = local_n, min(n_external, external_n)
         if local_n < n_local:
             self._local_ready_s = None
             return None
@@ -206,7 +226,7 @@ class StreamingAssembler(Assembler[H]):
                 return None
             n_external = external_n
             n_local = min(local_n, mix.total - n_external)
-        if n_local + n_external == 0:
+        if n_local + n_external == 0 and not starved:
             return None
         self._expire(now_s, sequence, force=True)  # never hand out a group that just went stale
         local = pool.oldest("local", n_local)
@@ -223,6 +243,7 @@ class StreamingAssembler(Assembler[H]):
             return None  # the forced expiry or verification took some: plan again
         pool.remove([*local, *external])
         self._local_ready_s = None
+        self._local_screened = 0
         return Assembly(local, external)
 
 

@@ -65,6 +65,8 @@ IDLE_WAIT_S = 0.02
 """Pause of a step in which neither stream had a record (polls are non-blocking so that one busy
 stream is never slowed down by waiting on the other)."""
 PUBLISH_TIMEOUT_S = 30.0
+FRESH_REASONS = frozenset({"no_signal", "too_few_completions"})
+"""Verdicts on a fresh group's content (as opposed to duplicates, stale or foreign groups)."""
 
 
 class SamplerCore:
@@ -170,6 +172,8 @@ class SamplerCore:
         group = parse(record.value, self._settings.max_message_bytes)
         now = self._clock()
         verdict = self.screen.check(group, origin, now, self.sequence)
+        if isinstance(verdict, Scored) or verdict in FRESH_REASONS:
+            self.assembler.screened(origin)
         if isinstance(verdict, str):
             return verdict
         refusal = self.assembler.add(verdict, record, now)

@@ -47,6 +47,7 @@ class Feed:
         self.count += 1
         s = scored(origin, peer, round_=round_, completed_s=now, **kw)  # type: ignore[arg-type]
         self.assembler.arrived(s.group, s.origin, now)
+        self.assembler.screened(s.origin)
         if not signal:
             return "no_signal"
         return self.assembler.add(s, f"{origin}-{self.count}", now)
@@ -195,3 +196,35 @@ def test_the_choice_is_reproducible_per_sequence() -> None:
         return [e.handle for e in batch.local]
 
     assert choose() == choose()
+
+
+@pytest.mark.parametrize("mode", [RoundMode.ASYNC, RoundMode.DEADLINE])
+def test_streaming_batch_is_due_after_a_round_without_enough_local_signal(mode: RoundMode) -> None:
+    """A node whose round had fewer than I groups with signal must still get a batch (and a policy
+    version), or a generator bounded by max_ahead and its sampler wait on each other for ever."""
+    feed = Feed(make_assembler(_config(mode)))
+    feed.group("local", "node-0", T0)
+    feed.group("local", "node-0", T0, signal=False)
+    feed.group("external", "peer-1", T0)
+    assert feed.assembler.next_batch(T0, 0) is None  # 2 of the round's 3 local groups so far
+    feed.assembler.arrived(scored("local", "node-0").group, "local", T0)  # a duplicate: arrived only
+    assert feed.assembler.next_batch(T0, 0) is None
+    feed.group("local", "node-0", T0, signal=False)
+    batch = feed.assembler.next_batch(T0, 0)
+    assert batch is not None
+    assert ([e.handle for e in batch.local], [e.scored.peer for e in batch.external]) == (
+        ["local-1"],
+        ["peer-1"],
+    )
+    assert feed.assembler.next_batch(T0, 1) is None  # the count starts afresh
+    for _ in range(3):
+        feed.group("local", "node-0", T0 + 1, signal=False)
+    empty = feed.assembler.next_batch(T0 + 1, 1)
+    assert empty is not None and empty.entries == []  # nothing to train, but the version advances
+
+
+def test_streaming_with_enough_signal_still_waits_for_the_external_groups() -> None:
+    feed = Feed(make_assembler(_config(RoundMode.ASYNC)))
+    for _ in range(6):  # two rounds of local groups, all with signal
+        feed.group("local", "node-0", T0)
+    assert feed.assembler.next_batch(T0 + 100, 0) is None  # J external are still missing
