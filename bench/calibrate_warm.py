@@ -1,5 +1,8 @@
 """Calibrate the ``warm:<seed>`` recipe: pre-RL reward per SFT step count, then a short plain-GRPO check.
 
+``--tokenizer bpe`` calibrates ``warm-bpe:<seed>`` instead: the same recipe with the project's BPE
+tokenizer (``sapo.models.bpe``).
+
 One SFT run to the largest candidate step count; the recipe's learning rate is constant after warm-up,
 so the model at step k *is* the k-step recipe (``sapo.models.warm``) and every candidate is measured in
 the same run. For each candidate: build seconds (SFT only, evaluations excluded), mean reward at
@@ -16,6 +19,7 @@ the per-round reward noisy (+-0.1), and after 20 rounds the held-out gain was st
 64-question measurement (measured), after 40 it was not.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/calibrate_warm.py [--steps 100,200,400] [--chosen 200]
+        [--tokenizer bundled|bpe]
 """
 
 from __future__ import annotations
@@ -41,13 +45,16 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 from sapo.generation import SamplingConfig, TransformersBackend
 from sapo.generator import encode_prompt
 from sapo.grpo import TrainSample, group_advantages, grpo_loss, has_signal, pack, policy_logprobs
-from sapo.models import build_tiny_model, load_bundled_tokenizer
+from sapo.models import build_tiny_model, project_tokenizer
 from sapo.models.warm import WARM_PROFILE, WarmRecipe, parse_warm_ref, sft_stream, train_warm_model
 from sapo.tasks import STOP_STRINGS, QuestionRecord, TaskStream, render_prompt, score
 from sapo.tasks.records import Split
 
 NODE_SEED = 0
 """The node whose streams are measured (its train stream is not the SFT stream: different seed)."""
+
+KINDS = {"bundled": "warm", "bpe": "warm-bpe"}
+"""--tokenizer -> the warm reference kind it calibrates."""
 
 
 @dataclass(frozen=True)
@@ -112,7 +119,7 @@ class Candidate:
 
 def recipe(args: argparse.Namespace) -> WarmRecipe:
     """The recipe under test: the size from --size (as in warm:<seed>:<size>:<steps>), lr from --lr."""
-    _, parsed = parse_warm_ref(f"warm:{args.seed}:{args.size}:{args.chosen}")
+    _, parsed = parse_warm_ref(f"{args.kind}:{args.seed}:{args.size}:{args.chosen}")
     return dataclasses.replace(parsed, learning_rate=args.lr)
 
 
@@ -157,7 +164,7 @@ def print_table(candidates: Sequence[Candidate], args: argparse.Namespace) -> No
     """Two rows per candidate: the node's train stream and the held-out eval split."""
     tasks = sorted(candidates[0].train.per_task)
     print(
-        f"\nwarm:{args.seed}:{args.size}:<steps>, lr {args.lr}; {args.questions} questions x "
+        f"\n{args.kind}:{args.seed}:{args.size}:<steps>, lr {args.lr}; {args.questions} questions x "
         f"{args.samples} samples, T=1.0, <= {args.max_new_tokens} new tokens; node {NODE_SEED} streams"
     )
     header = ["steps", "build_s", "loss", "split", "reward", *(t.split("_")[0][:8] for t in tasks)]
@@ -229,7 +236,9 @@ def grpo_check(
     backend = TransformersBackend(model, tokenizer)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.rl_lr, weight_decay=0.0)
     stream = TaskStream(WARM_PROFILE, NODE_SEED, "train")
-    print(f"\nplain GRPO from warm:{args.seed} at {args.chosen} steps, lr {args.rl_lr}, 8 x 8 per round")
+    print(
+        f"\nplain GRPO from {args.kind}:{args.seed} at {args.chosen} steps, lr {args.rl_lr}, 8 x 8 per round"
+    )
     curve: list[float] = []
     for round_ in range(args.rounds):
         start = time.perf_counter()
@@ -260,6 +269,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--tokenizer", choices=sorted(KINDS), default="bundled", help="tokenizer family")
     parser.add_argument("--seed", type=int, default=0, help="warm model seed")
     parser.add_argument("--steps", type=lambda s: [int(x) for x in s.split(",")], default=[100, 200, 400])
     parser.add_argument("--chosen", type=int, default=WarmRecipe().steps, help="candidate for the GRPO check")
@@ -271,10 +281,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--rl-lr", type=float, default=1e-3)
     args = parser.parse_args()
+    args.kind = KINDS[args.tokenizer]
     if args.chosen not in args.steps:
         parser.error(f"--chosen {args.chosen} must be one of --steps {args.steps}")
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    tokenizer = load_bundled_tokenizer()
+    tokenizer = project_tokenizer(f"{args.kind}:{args.seed}")
     candidates, state = calibrate(tokenizer, args)
     print_table(candidates, args)
     if args.rounds:

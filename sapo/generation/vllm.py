@@ -47,7 +47,7 @@ from safetensors.torch import save_file
 from transformers import PreTrainedTokenizerBase
 
 from sapo.generation.base import FinishReason, Sample, SamplingConfig, WeightsSource, weight_files
-from sapo.models.loading import BUNDLED_REF, bundled_model_dir
+from sapo.models.loading import BUNDLED_REF, bundled_model_dir, ref_kind
 
 _EXTENSION = "sapo.generation.vllm.WeightLoaderExtension"
 _RELOAD_METHOD = "sapo_load_weights"
@@ -131,7 +131,7 @@ class VLLMBackend:
         """Start a ``vllm.LLM`` for an HF id, a local path or the bundled model (extra kwargs go to it)."""
         from vllm import LLM, SamplingParams  # the gpu extra; absent on CPU installs
 
-        if model_ref.startswith("tiny:"):
+        if ref_kind(model_ref) in ("tiny", "tiny-bpe"):
             raise ValueError("tiny models exist only in memory; use the transformers backend for them")
         path = str(bundled_model_dir()) if model_ref == BUNDLED_REF else model_ref
         engine = LLM(

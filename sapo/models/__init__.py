@@ -1,29 +1,41 @@
-"""Policy models: loading by reference (bundled, tiny random, warm-started tiny, HF id/path), fingerprints."""
+"""Policy models: loading by reference (bundled, tiny random, warm-started tiny, either of them with the
+project's BPE tokenizer, HF id/path), fingerprints."""
 
+from sapo.models.bpe import bpe_tokenizer_dir, load_bpe_tokenizer
 from sapo.models.fingerprint import tokenizer_fingerprint
 from sapo.models.loading import (
     BUNDLED_REF,
+    PROJECT_REF_KINDS,
     bundled_model_dir,
     bundled_tokenizer_dir,
     cache_root,
+    is_project_ref,
     load_bundled_tokenizer,
     load_model,
+    project_tokenizer,
+    ref_kind,
 )
 from sapo.models.tiny import TinySpec, build_tiny_model, parse_tiny_ref
 from sapo.models.warm import WarmRecipe, parse_warm_ref, train_warm_model, warm_model_dir
 
 __all__ = [
     "BUNDLED_REF",
+    "PROJECT_REF_KINDS",
     "TinySpec",
     "WarmRecipe",
+    "bpe_tokenizer_dir",
     "build_tiny_model",
     "bundled_model_dir",
     "bundled_tokenizer_dir",
     "cache_root",
+    "is_project_ref",
+    "load_bpe_tokenizer",
     "load_bundled_tokenizer",
     "load_model",
     "parse_tiny_ref",
     "parse_warm_ref",
+    "project_tokenizer",
+    "ref_kind",
     "tokenizer_fingerprint",
     "train_warm_model",
     "warm_model_dir",

@@ -13,6 +13,9 @@ A model reference is one of:
 - ``warm:<seed>`` or ``warm:<seed>:<hidden>x<layers>:<steps>``: a tiny Llama briefly fine-tuned on the
   ``easy`` tasks so it starts with some reward (see :mod:`sapo.models.warm`); built once (about a
   minute on one core), then read from the cache like any Hugging Face directory.
+- ``tiny-bpe:...`` and ``warm-bpe:...``: the same two with the project's own byte-level BPE tokenizer
+  (1024 tokens, another chat template; see :mod:`sapo.models.bpe`) instead of the bundled one, same
+  grammar after the colon: a second tokenizer family for heterogeneous swarms.
 - anything else: a Hugging Face model id or local path for ``from_pretrained``. Nothing is downloaded
   unless the caller passes ``allow_download=True``.
 
@@ -169,6 +172,35 @@ def bundled_model_dir() -> Path:
     return materialize_dir(_bundled_cache_dir() / "model", _save_bundled_model)
 
 
+PROJECT_REF_KINDS = ("tiny", "tiny-bpe", "warm", "warm-bpe")
+"""Reference kinds (the text before the first colon) of models this project builds itself."""
+
+
+def ref_kind(model_ref: str) -> str:
+    """The kind of a model reference: the text before its first colon (``warm-bpe:3`` -> ``warm-bpe``)."""
+    return model_ref.partition(":")[0]
+
+
+def is_project_ref(model_ref: str) -> bool:
+    """Whether ``model_ref`` names a model built by this project (tiny or warm, either tokenizer), which
+    exists only in memory or in sapo's cache, never as a path another program could open by that name."""
+    return ref_kind(model_ref) in PROJECT_REF_KINDS
+
+
+def project_tokenizer(model_ref: str) -> PreTrainedTokenizerBase:
+    """The tokenizer of a project-built reference: the local BPE one for ``*-bpe`` kinds, else bundled."""
+    kind = ref_kind(model_ref)
+    if kind not in PROJECT_REF_KINDS:
+        raise ValueError(
+            f"{model_ref!r} is not a project-built model reference ({', '.join(PROJECT_REF_KINDS)})"
+        )
+    if kind.endswith("-bpe"):
+        from sapo.models.bpe import load_bpe_tokenizer  # imported here: bpe builds on this module
+
+        return load_bpe_tokenizer()
+    return load_bundled_tokenizer()
+
+
 def load_model(
     model_ref: str = BUNDLED_REF,
     dtype: torch.dtype = torch.float32,
@@ -183,13 +215,14 @@ def load_model(
     ``allow_download`` lets ``from_pretrained`` reach the Hugging Face hub for plain ids; it is off so
     that a typo fails fast instead of starting a multi-gigabyte download.
     """
+    kind = ref_kind(model_ref)
     if model_ref == BUNDLED_REF:
         path, local_only = str(bundled_model_dir()), True
-    elif model_ref.startswith("tiny:"):
+    elif kind in ("tiny", "tiny-bpe"):
         seed, spec = parse_tiny_ref(model_ref)
-        tokenizer = load_bundled_tokenizer()
+        tokenizer = project_tokenizer(model_ref)
         return _placed(build_tiny_model(tokenizer, seed=seed, spec=spec), dtype, device), tokenizer
-    elif model_ref.startswith("warm:"):
+    elif kind in ("warm", "warm-bpe"):
         from sapo.models.warm import warm_model_dir  # imported here: warm builds on this module
 
         path, local_only = str(warm_model_dir(model_ref)), True

@@ -1,9 +1,10 @@
 """Tiny randomly initialised Llama models for tests, fast profiles and heterogeneous test swarms.
 
 Same architecture family as SmolLM2 (LlamaForCausalLM, tied embeddings, grouped-query attention) and the
-same tokenizer, so chat templates, special tokens and tokenizer fingerprints are real; only the weights
-are random. Weights are a pure function of ``(seed, spec)``: two processes building ``tiny:3`` get
-bit-identical models, and different seeds or sizes give different policies.
+same tokenizer (``tiny:``) or the project's BPE tokenizer (``tiny-bpe:``, :mod:`sapo.models.bpe`), so
+chat templates, special tokens and tokenizer fingerprints are real; only the weights are random.
+Weights are a pure function of ``(seed, spec)`` and the tokenizer: two processes building ``tiny:3``
+get bit-identical models, and different seeds or sizes give different policies.
 
 The default ``initializer_range`` is larger than the usual 0.02: with 0.02 the next-token
 distribution is almost uniform over the 49k vocabulary and barely depends on the context, which would
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
-_TINY_REF = re.compile(r"tiny:(?P<seed>\d+)(?::(?P<hidden>\d+)x(?P<layers>\d+))?")
+_TINY_REF = re.compile(r"(?P<kind>tiny|tiny-bpe):(?P<seed>\d+)(?::(?P<hidden>\d+)x(?P<layers>\d+))?")
 
 
 @dataclass(frozen=True)
@@ -44,14 +45,16 @@ class TinySpec:
 
 
 def parse_tiny_ref(model_ref: str) -> tuple[int, TinySpec]:
-    """Parse ``tiny:<seed>`` or ``tiny:<seed>:<hidden>x<layers>`` into a seed and a spec.
+    """Parse ``tiny:<seed>`` or ``tiny:<seed>:<hidden>x<layers>`` into a seed and a spec; ``tiny-bpe:``
+    takes the same form (the kind only picks the tokenizer, see ``sapo.models.loading``).
 
     The size suffix lets a swarm manifest ask for differently sized tiny nodes without code.
     """
     match = _TINY_REF.fullmatch(model_ref)
     if match is None:
+        kind = "tiny-bpe" if model_ref.startswith("tiny-bpe:") else "tiny"
         raise ValueError(
-            f"bad tiny model reference {model_ref!r}; use tiny:<seed> or tiny:<seed>:<hidden>x<layers>"
+            f"bad tiny model reference {model_ref!r}; use {kind}:<seed> or {kind}:<seed>:<hidden>x<layers>"
         )
     seed = int(match["seed"])
     if match["hidden"] is None:

@@ -1,4 +1,4 @@
-"""Warm-started tiny models (``warm:<seed>``): the paper's experiment at CPU scale.
+"""Warm-started tiny models (``warm:<seed>``, ``warm-bpe:<seed>``): the paper's experiment at CPU scale.
 
 Why this exists: the bundled 135M model costs 25-60 s per node-round on a 2-core CPU, and a random tiny
 model (``tiny:<seed>``) earns reward ~0, so every GRPO group is all-zero and nothing is learned. A warm
@@ -6,7 +6,10 @@ model is a tiny Llama of the same family with the bundled SmolLM2 tokenizer (:mo
 briefly fine-tuned on worked examples of the ``easy`` profile so that it starts inside the band where
 GRPO has signal: some completions of a question right, some wrong.
 
-Reference: ``warm:<seed>`` (the default recipe below) or ``warm:<seed>:<hidden>x<layers>:<steps>``.
+Reference: ``warm:<seed>`` (the default recipe below) or ``warm:<seed>:<hidden>x<layers>:<steps>``;
+``warm-bpe:`` takes the same forms and builds the same recipe with the project's BPE tokenizer
+(:mod:`sapo.models.bpe`) instead of the bundled one: the tokenizer is the only parameter that differs
+(measurements in the last section).
 
 Supervised warm-up (SFT):
 
@@ -63,7 +66,28 @@ differently with another thread count). The cache key includes those versions, s
 
 Cache: ``<cache root>/warm/<name>-<digest>``, an ordinary Hugging Face directory (fp32 safetensors +
 tokenizer) created through :func:`sapo.models.loading.materialize_dir`: concurrent first loads build it
-once and never see a half-written directory; later loads take ~1 s.
+once and never see a half-written directory; later loads take ~1 s. ``warm-bpe:`` names start with
+``warm-bpe-``, and their digest covers the BPE tokenizer's fingerprint.
+
+``warm-bpe:<seed>``, the same recipe with the BPE tokenizer (1024 tokens): 0.14 M parameters instead of
+3.2 M (the embedding shrinks from 3.1 M to 65 k), SFT steps get cheaper (~0.17 s instead of ~0.25 s),
+and the reward lands where ``warm:``'s does. Measured like the table above (bench/calibrate_warm.py
+--tokenizer bpe; build seconds on a busy machine, so only the first row's rate means much):
+
+    steps  build_s  train reward         eval reward          train groups with signal
+      100     17    0.130 (seed 0)       0.123                0.67
+      200   31-118  0.186 0.191 0.178    0.177 0.171 0.175    0.48-0.67
+      300   57-154  0.218 0.236 0.225    0.214 0.169 0.195    0.39-0.50
+      400      -    0.220 (seed 0)       0.210                0.53
+
+- Reward comes from the same tasks (propositional_logic ~0.5, calendar_arithmetic ~0.3); ~100% of
+  completions close the tag from 200 steps on. Same plateau from 300 steps, same band: the recipe is
+  kept rather than re-tuned, so the two families start a heterogeneous swarm on an equal footing.
+- Through ``load_model``: 60-90 s to build on a loaded machine (load average ~7 on 2 cores), 1 s cached.
+- RL moves it, less clearly than ``warm:0``: plain GRPO (lr 1e-3, 8 x 8 per round, local groups) from
+  ``warm-bpe:0`` gave a round reward of 0.22 / 0.32 / 0.20 / 0.34 per 10 rounds over 40 rounds of
+  ~1 s, and held-out 0.214 -> 0.226 (propositional_logic 0.49 -> 0.65, calendar_arithmetic
+  0.36 -> 0.32): within the noise of a 64-question measurement overall.
 """
 
 from __future__ import annotations
@@ -83,7 +107,7 @@ import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
 from sapo.models.fingerprint import tokenizer_fingerprint
-from sapo.models.loading import cache_root, load_bundled_tokenizer, materialize_dir
+from sapo.models.loading import cache_root, materialize_dir, project_tokenizer, ref_kind
 from sapo.models.tiny import TinySpec, build_tiny_model, parse_tiny_ref
 from sapo.tasks import EASY_PROFILE, GENERATOR_VERSION, Profile, QuestionRecord, TaskStream, render_prompt
 from sapo.tasks.reward import ANSWER_CLOSE
@@ -102,7 +126,9 @@ DEFAULT_STEPS = 300
 """SFT steps of ``warm:<seed>``: on the reward plateau, inside the useful band (module docstring)."""
 MICRO_BATCH_ROWS = 4
 
-_WARM_REF = re.compile(r"warm:(?P<seed>\d+)(?::(?P<hidden>\d+)x(?P<layers>\d+):(?P<steps>\d+))?")
+_WARM_REF = re.compile(
+    r"(?P<kind>warm|warm-bpe):(?P<seed>\d+)(?::(?P<hidden>\d+)x(?P<layers>\d+):(?P<steps>\d+))?"
+)
 
 
 @dataclass(frozen=True)
@@ -131,15 +157,17 @@ class WarmRecipe:
 
 
 def parse_warm_ref(model_ref: str) -> tuple[int, WarmRecipe]:
-    """Parse ``warm:<seed>`` or ``warm:<seed>:<hidden>x<layers>:<steps>`` into a seed and a recipe.
+    """Parse ``warm:<seed>`` or ``warm:<seed>:<hidden>x<layers>:<steps>`` into a seed and a recipe;
+    ``warm-bpe:`` takes the same forms (the kind only picks the tokenizer, see ``warm_model_dir``).
 
     Sizes follow ``tiny:<seed>:<hidden>x<layers>`` (heads = hidden / 16), with the warm init range.
     """
     match = _WARM_REF.fullmatch(model_ref)
     if match is None:
+        kind = "warm-bpe" if model_ref.startswith("warm-bpe:") else "warm"
         raise ValueError(
             f"bad warm model reference {model_ref!r}; "
-            "use warm:<seed> or warm:<seed>:<hidden>x<layers>:<steps>"
+            f"use {kind}:<seed> or {kind}:<seed>:<hidden>x<layers>:<steps>"
         )
     seed = int(match["seed"])
     if match["hidden"] is None:
@@ -264,8 +292,9 @@ def train_warm_model(
     return model
 
 
-def _cache_name(seed: int, recipe: WarmRecipe, tokenizer: PreTrainedTokenizerBase) -> str:
-    """Directory name: readable size and steps, plus a digest of everything the weights depend on."""
+def _cache_name(seed: int, recipe: WarmRecipe, tokenizer: PreTrainedTokenizerBase, kind: str = "warm") -> str:
+    """Directory name: kind, readable size and steps, plus a digest of everything the weights depend on
+    (the tokenizer's fingerprint tells the two kinds apart in the digest too)."""
     identity = {
         "recipe_version": RECIPE_VERSION,
         "seed": seed,
@@ -277,13 +306,14 @@ def _cache_name(seed: int, recipe: WarmRecipe, tokenizer: PreTrainedTokenizerBas
     }
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
     spec = recipe.spec
-    return f"warm-{seed}-{spec.hidden_size}x{spec.num_hidden_layers}-{recipe.steps}-{digest}"
+    return f"{kind}-{seed}-{spec.hidden_size}x{spec.num_hidden_layers}-{recipe.steps}-{digest}"
 
 
 def warm_model_dir(model_ref: str) -> Path:
-    """Cached Hugging Face directory of a ``warm:`` model, built on first use (see DEFAULT_STEPS)."""
+    """Cached Hugging Face directory of a ``warm:`` or ``warm-bpe:`` model, built on first use."""
     seed, recipe = parse_warm_ref(model_ref)
-    tokenizer = load_bundled_tokenizer()
+    kind = ref_kind(model_ref)
+    tokenizer = project_tokenizer(model_ref)
 
     def build(target: Path) -> None:
         log.info("building %s once (supervised warm-up, %d steps)", model_ref, recipe.steps)
@@ -293,4 +323,4 @@ def warm_model_dir(model_ref: str) -> Path:
         tokenizer.save_pretrained(str(target))
         log.info("built %s in %.1f s", model_ref, time.perf_counter() - start)
 
-    return materialize_dir(cache_root() / "warm" / _cache_name(seed, recipe, tokenizer), build)
+    return materialize_dir(cache_root() / "warm" / _cache_name(seed, recipe, tokenizer, kind), build)

@@ -32,7 +32,10 @@ class NodeSpec(BaseModel):
     seed: int = Field(0, ge=0, description="Seeds the node's question stream and sampling.")
     model: str = Field(
         "bundled:smollm2-135m-instruct",
-        description="Model ref: bundled:, tiny:<seed>, warm:<seed>, HF id or path.",
+        description=(
+            "Model ref: bundled:, tiny:<seed>, warm:<seed>, tiny-bpe:<seed>, warm-bpe:<seed> (the project's "
+            "BPE tokenizer), HF id or path."
+        ),
     )
     profile: str = Field("easy", description="Task profile name (easy, paper) or path of a profile file.")
     questions_per_round: int = Field(8, ge=1, le=1024, description="B: questions generated per round.")

@@ -13,7 +13,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from sapo.generator import Pacing, RoundMode, SharingPolicy
-from sapo.models import BUNDLED_REF
+from sapo.models import BUNDLED_REF, is_project_ref
 from sapo.settings import ServiceSettings
 from sapo.tasks import Profile, load_profile
 from sapo.tasks.seeds import stable_hash
@@ -146,11 +146,11 @@ class GeneratorSettings(ServiceSettings):
         return self
 
     def _check_vllm(self, prefix: str) -> None:
-        if self.model.startswith(("tiny:", "warm:")):
+        if is_project_ref(self.model):
             raise ValueError(
                 f"{self.model} is built by this project, not a path vLLM can open: set {prefix}BACKEND=hf, "
                 f"or set {prefix}MODEL to the directory `python -c 'from sapo.models import warm_model_dir; "
-                f'print(warm_model_dir("{self.model}"))\'` prints (warm models only)'
+                f'print(warm_model_dir("{self.model}"))\'` prints (warm: and warm-bpe: models only)'
             )
         if self.top_p < 1.0:
             raise ValueError(

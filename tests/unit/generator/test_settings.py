@@ -59,6 +59,8 @@ def test_node_seed_defaults_to_a_stable_function_of_the_node_id() -> None:
         ({"share_fraction": 0.5}, "SAPO_GENERATOR_SHARING=fraction"),
         ({"max_ahead": 2}, "SAPO_GENERATOR_ROUND_MODE=async"),
         ({"backend": "vllm", "model": "tiny:0"}, "SAPO_GENERATOR_BACKEND=hf"),
+        ({"backend": "vllm", "model": "warm-bpe:0"}, "SAPO_GENERATOR_BACKEND=hf"),
+        ({"backend": "vllm", "model": "tiny-bpe:1"}, "SAPO_GENERATOR_BACKEND=hf"),
         ({"backend": "vllm", "top_p": 0.9}, "SAPO_GENERATOR_TOP_P=1"),
         ({"completions_per_question": 1}, "SAPO_GENERATOR_COMPLETIONS_PER_QUESTION"),
         ({"temperature": 0}, "SAPO_GENERATOR_TEMPERATURE"),

@@ -1,4 +1,4 @@
-"""Fixtures for model tests: the bundled tokenizer, extracted once and cached."""
+"""Fixtures for model tests: the bundled and the BPE tokenizer, each built once and cached."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import pytest
 from transformers import PreTrainedTokenizerBase
 
-from sapo.models import load_bundled_tokenizer
+from sapo.models import load_bpe_tokenizer, load_bundled_tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the hub, whatever a test does
 
@@ -16,3 +16,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the hub, whatever a 
 def tokenizer() -> PreTrainedTokenizerBase:
     """The bundled SmolLM2 tokenizer (extracted from the GGUF on the very first run, then cached)."""
     return load_bundled_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def bpe_tokenizer() -> PreTrainedTokenizerBase:
+    """The project's BPE tokenizer (trained on the very first run, a few seconds, then cached)."""
+    return load_bpe_tokenizer()
