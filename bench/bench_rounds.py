@@ -14,13 +14,12 @@ left out; rounds per hour = (last version - 1) / window * 3600, averaged over no
 two runs alternates with --repeats and medians are compared.
 
 Each run is capped at --max-seconds (then stopped as Ctrl-C would stop it; what was recorded still
-counts): a fully async node whose rounds bring fewer than I local groups with reward signal starves,
-because its generator may not run further ahead of a policy that needs those groups to advance.
+counts), so a stalled swarm ends the benchmark instead of hanging it.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_rounds.py [--model warm:0] [--nodes 4] [--rounds 10]
 
 Target: async / lock-step >= 1.3. A quick check of the script itself (a random tiny model has no
-reward signal, so its async run trains nothing and is reported as such):
+reward signal: its batches are empty, but versions still advance in both modes):
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_rounds.py --model tiny:0 --nodes 2 --rounds 2 \
         --max-seconds 60

@@ -7,6 +7,7 @@ partitions assigned, broker reachable, ...) and lists the failing ones otherwise
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
@@ -96,7 +97,9 @@ def _make_handler(registry: CollectorRegistry, health: Health) -> type[BaseHTTPR
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body)
+            # A client that hung up (a scraper's timeout) needs no answer and no traceback in the log.
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                self.wfile.write(body)
 
         def log_message(self, format: str, *args: Any) -> None:
             # Probes every few seconds would drown the service's own log.
