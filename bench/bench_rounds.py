@@ -8,6 +8,8 @@ manifest's `round_mode` onto both services.
 
 A round here is one policy version: one GRPO step on one batch of I + J groups (in lock-step that is
 exactly one generation round; in async a generation round may feed more or fewer batches than one).
+Generation alone is reported next to it: rounds of B x L completions sampled per hour, same window
+definition on the rounds' completion times.
 Window, the same in both modes: per node, from the wall-clock `created_at` of the step row of version
 1 to that of the node's last version, so start-up (broker, group joins, model loads) and round 0 are
 left out; rounds per hour = (last version - 1) / window * 3600, averaged over nodes. The order of the
@@ -81,6 +83,18 @@ def rounds_per_hour(run_dir: Path, manifest: SwarmManifest) -> float | None:
     return statistics.fmean(rates)
 
 
+def generated_per_hour(run_dir: Path, manifest: SwarmManifest) -> float | None:
+    """The same window on generation: mean over nodes of rounds completed per hour between the end of
+    the node's first and last generated round; None when some node generated fewer than two."""
+    rates = []
+    for node in manifest.nodes:
+        rows = sorted(read_rows(run_dir / ROUNDS_DIR / f"{node.id}.jsonl"), key=lambda r: r["round"])
+        if len(rows) < 2:
+            return None
+        rates.append((len(rows) - 1) / (rows[-1]["completed_at"] - rows[0]["completed_at"]) * 3600)
+    return statistics.fmean(rates)
+
+
 def run_capped(manifest: SwarmManifest, run_dir: Path, max_seconds: float) -> int:
     """run_swarm, stopped as by Ctrl-C after max_seconds; its output goes to run_dir/run.log."""
     run_dir.mkdir(parents=True)
@@ -94,23 +108,26 @@ def run_capped(manifest: SwarmManifest, run_dir: Path, max_seconds: float) -> in
         (run_dir / "run.log").write_text(out.getvalue())
 
 
-def measure(mode: str, manifest: SwarmManifest, run_dir: Path, max_seconds: float) -> float | None:
+def measure(
+    mode: str, manifest: SwarmManifest, run_dir: Path, max_seconds: float
+) -> tuple[float | None, float | None]:
     started = time.monotonic()
     code = run_capped(manifest, run_dir, max_seconds)
     wall = time.monotonic() - started
     if code not in (0, 130):
         raise SystemExit(f"{mode} run failed with exit status {code}; see {run_dir / 'run.log'}")
-    rate = rounds_per_hour(run_dir, manifest)
+    rate, generated_rate = rounds_per_hour(run_dir, manifest), generated_per_hour(run_dir, manifest)
     versions = {n.id: len(read_rows(run_dir / STEPS_DIR / f"{n.id}.jsonl")) for n in manifest.nodes}
     generated = {n.id: len(read_rows(run_dir / ROUNDS_DIR / f"{n.id}.jsonl")) for n in manifest.nodes}
     capped = " (stopped at --max-seconds)" if code == 130 else ""
     shown = f"{rate:8.0f} rounds/h" if rate is not None else "  no window (< 2 versions on some node)"
+    made = f"{generated_rate:.0f} generated/h" if generated_rate is not None else "-"
     print(
-        f"  {mode:<9} {shown}   versions {versions}   generated rounds {generated}"
+        f"  {mode:<9} {shown} ({made})   versions {versions}   generated rounds {generated}"
         f"   {wall:.0f} s wall{capped}",
         flush=True,
     )
-    return rate
+    return rate, generated_rate
 
 
 def main() -> int:
@@ -128,6 +145,7 @@ def main() -> int:
     if args.rounds < 2 or args.nodes < 1 or args.repeats < 1 or args.max_ahead < 1:
         parser.error("--rounds must be >= 2 (the window spans versions 1..last); the others >= 1")
     rates: dict[str, list[float]] = {m: [] for m in MODES}
+    made: dict[str, list[float]] = {m: [] for m in MODES}
     with tempfile.TemporaryDirectory(prefix="bench-rounds-") as tmp:
         root = args.keep or Path(tmp)
         print(
@@ -138,9 +156,11 @@ def main() -> int:
             print(f"repeat {repeat + 1}/{args.repeats}:")
             for mode in order:
                 manifest = bench_manifest(args.model, args.nodes, args.rounds, mode, args.max_ahead)
-                rate = measure(mode, manifest, root / f"{mode}-{repeat}", args.max_seconds)
+                rate, generated_rate = measure(mode, manifest, root / f"{mode}-{repeat}", args.max_seconds)
                 if rate is not None:
                     rates[mode].append(rate)
+                if generated_rate is not None:
+                    made[mode].append(generated_rate)
     if not rates["lockstep"] or not rates["async"]:
         print("\nno ratio: a mode completed fewer than two versions on some node (see above)")
         return 1
@@ -149,6 +169,13 @@ def main() -> int:
     print(f"\nlock-step {lockstep:.0f} rounds/h, async {async_:.0f} rounds/h (medians)")
     print(f"ratio async / lock-step = {ratio:.2f}")
     print(f"target: async >= {TARGET_RATIO}x lock-step ({'met' if ratio >= TARGET_RATIO else 'missed'})")
+    if made["lockstep"] and made["async"]:
+        generation = statistics.median(made["async"]) / statistics.median(made["lockstep"])
+        print(
+            f"generation alone (rounds of B x L sampled per hour): async / lock-step = {generation:.2f}; "
+            "an async round can feed more than one batch (every local group with signal is used, "
+            "I at a time, where lock-step keeps I of a round and drops the rest)"
+        )
     return 0
 
 

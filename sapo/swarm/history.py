@@ -60,6 +60,7 @@ def round_row(groups: Sequence[rollout_pb2.RolloutGroup]) -> dict[str, Any]:
         "completions": len(rewards),
         "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
         "groups_with_signal": sum(len(set(group)) > 1 for group in scored),
+        "completed_at": max(g.completed_at.seconds + g.completed_at.nanos / 1e9 for g in groups),
     }
 
 

@@ -23,6 +23,8 @@ def test_round_row_averages_every_scored_completion() -> None:
     assert (row["round"], row["policy_version"], row["groups"], row["completions"]) == (4, 4, 3, 10)
     assert row["reward_mean"] == pytest.approx(5 / 10)
     assert row["groups_with_signal"] == 1
+    latest = max(g.completed_at.seconds + g.completed_at.nanos / 1e9 for g in (flat, mixed, failed))
+    assert row["completed_at"] == latest  # when the round's last group was done: a wall-clock time
 
 
 def test_round_row_needs_groups() -> None:
