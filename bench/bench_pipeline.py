@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from sapo.experiment.plan import PROFILES, manifest_data, select
 from sapo.swarm.history import STEPS_DIR, read_rows
 from sapo.swarm.inprocess import run_inprocess
 from sapo.swarm.manifest import SwarmManifest, parse_manifest
@@ -50,24 +51,9 @@ TARGET_OVERHEAD = 0.05
 
 
 def bench_manifest(model: str, nodes: int, rounds: int) -> SwarmManifest:
-    return parse_manifest(
-        {
-            "name": "bench-pipeline",
-            "defaults": {
-                "model": model,
-                "questions_per_round": 8,
-                "completions_per_question": 8,
-                "local_groups": 4,
-                "external_groups": 4,
-                "max_new_tokens": 24,
-                "learning_rate": 1e-3,
-                "round_mode": "lockstep",
-                "rounds": rounds,
-                "trainer": {"checkpoint_every": 1},
-            },
-            "nodes": [{"id": f"node-{i}", "seed": i} for i in range(1, nodes + 1)],
-        }
-    )
+    """The CPU experiment's swarm (`sapo experiment --profile cpu`) at I/J 4/4, seed 0."""
+    profile = select(PROFILES["cpu"], nodes=nodes, rounds=rounds, model=model)
+    return parse_manifest(manifest_data(profile, (4, 4), seed=0) | {"name": "bench-pipeline"})
 
 
 def seconds_per_round(run_dir: Path, manifest: SwarmManifest) -> float:

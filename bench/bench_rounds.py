@@ -39,6 +39,7 @@ import threading
 import time
 from pathlib import Path
 
+from sapo.experiment.plan import PROFILES, manifest_data, select
 from sapo.swarm.history import ROUNDS_DIR, STEPS_DIR, read_rows
 from sapo.swarm.manifest import SwarmManifest, parse_manifest
 from sapo.swarm.run import run_swarm
@@ -48,26 +49,13 @@ MODES = ("lockstep", "async")
 
 
 def bench_manifest(model: str, nodes: int, rounds: int, mode: str, max_ahead: int) -> SwarmManifest:
-    generator = {"max_ahead": max_ahead} if mode == "async" else {}
-    return parse_manifest(
-        {
-            "name": f"bench-rounds-{mode}",
-            "defaults": {
-                "model": model,
-                "questions_per_round": 8,
-                "completions_per_question": 8,
-                "local_groups": 4,
-                "external_groups": 4,
-                "max_new_tokens": 24,
-                "learning_rate": 1e-3,
-                "round_mode": mode,
-                "rounds": rounds,
-                "generator": generator,
-                "trainer": {"checkpoint_every": 1},
-            },
-            "nodes": [{"id": f"node-{i}", "seed": i} for i in range(1, nodes + 1)],
-        }
-    )
+    """The CPU experiment's swarm (`sapo experiment --profile cpu`) at I/J 4/4, seed 0, in `mode`."""
+    data = manifest_data(select(PROFILES["cpu"], nodes=nodes, rounds=rounds, model=model), (4, 4), seed=0)
+    data["name"] = f"bench-rounds-{mode}"
+    data["defaults"]["round_mode"] = mode
+    if mode == "async":
+        data["defaults"]["generator"]["max_ahead"] = max_ahead
+    return parse_manifest(data)
 
 
 def rounds_per_hour(run_dir: Path, manifest: SwarmManifest) -> float | None:
