@@ -179,7 +179,9 @@ def header_reason(
     if origin == "external" and header_str(headers, H_NODE) == cfg.node_id:
         return "own_node"
     task = header_str(headers, H_TASK)
-    if task and cfg.accepted_tasks is not None and task not in cfg.accepted_tasks:
+    # The node's own groups of a task it does not train on still complete its lock-step round, so they
+    # are decoded and refused by `Screen.check` after the round counted them.
+    if origin == "external" and task and cfg.accepted_tasks is not None and task not in cfg.accepted_tasks:
         return "task_not_accepted"
     schema = header_str(headers, H_SCHEMA)
     if schema and schema != str(SCHEMA_VERSION):
@@ -225,14 +227,18 @@ class Screen:
         used. Raises InvalidMessageError when the group is malformed or not what its provenance says
         (dead-lettered by the loop).
 
-        `on_arrival` sees every group that is genuinely of its node and task, before freshness and
-        signal filters: lock-step rounds count a round's groups as arrived even when unusable.
+        `on_arrival` sees every group that is genuinely of its node and, for peers, of an accepted
+        task, before freshness and signal filters: lock-step rounds count a round's groups as arrived
+        even when unusable. The node's own groups count whatever their task, so a node that trains on
+        only some of its tasks still closes its rounds.
         """
         reason = self._identity_reason(group, origin)
+        if reason is not None and origin == "external":  # as the header prefilter: never an arrival
+            return reason
+        if self._on_arrival is not None:  # an own group of a refused task still completes the round
+            self._on_arrival(group, origin, now_s)
         if reason is not None:
             return reason
-        if self._on_arrival is not None:
-            self._on_arrival(group, origin, now_s)
         reason = self._freshness_reason(group, origin, now_s, target_version)
         if reason is not None:
             return reason

@@ -189,8 +189,8 @@ class LockstepSampler:
                 break
         else:
             raise RuntimeError(
-                f"{cfg.node_id}: the lock-step sampler closed no round: none of its own groups passed "
-                "the identity filter (accepted_tasks?); the services would stall here too"
+                f"{cfg.node_id}: the lock-step sampler closed no round: none of its own groups of the "
+                "round arrived; the services would stall here too"
             )
         for discard in self.assembler.take_discards():
             self.rejected[discard.reason] += 1

@@ -184,3 +184,24 @@ def test_arrivals_are_reported_before_freshness_and_signal_filters() -> None:
     screen.check(real_group(RECORDS[0], "peer-1", (True, True)), "external", time.time(), 0)  # no signal
     screen.check(real_group(RECORDS[0], NODE), "external", time.time(), 0)  # own node: not an arrival
     assert arrivals == [(NODE, "local"), ("peer-1", "external")]
+
+
+def test_own_groups_of_a_refused_task_still_arrive_so_lockstep_rounds_close() -> None:
+    """accepted_tasks narrows what a node trains on; its own round still has questions_per_round
+    groups, and lock-step waits for all of them (a refused one used to stall the round)."""
+    arrivals: list[tuple[str, str]] = []
+    other_task = next(r for r in RECORDS if r.task != RECORDS[0].task)
+    screen = _screen(
+        accepted_tasks=frozenset({RECORDS[0].task}),
+        on_arrival=lambda g, origin, _now: arrivals.append((g.node_id, origin)),
+    )
+    assert screen.check(real_group(other_task, NODE), "local", time.time(), 0) == "task_not_accepted"
+    assert screen.check(real_group(other_task, "peer-1"), "external", time.time(), 0) == "task_not_accepted"
+    assert arrivals == [(NODE, "local")]
+    cfg = screen.cfg
+    local = real_group(other_task, NODE)
+    value = local.SerializeToString()
+    headers = {H_TASK: other_task.task.encode(), H_NODE: NODE.encode()}
+    assert header_reason(headers, value, "local", cfg) is None  # decoded, so it can be counted
+    peer_headers = {H_TASK: other_task.task.encode(), H_NODE: b"peer-1"}
+    assert header_reason(peer_headers, value, "external", cfg) == "task_not_accepted"
