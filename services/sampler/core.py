@@ -268,6 +268,9 @@ def build_core(runtime: Runtime, settings: SamplerSettings) -> SamplerCore | Non
     if history is None:
         return None
     runtime.health.set("recovered", True)
+    shortfall = settings.external_shortfall()
+    if shortfall is not None:
+        log.warning("%s", shortfall)
     return SamplerCore(
         settings,
         runtime.topics,

@@ -203,6 +203,20 @@ class SamplerSettings(ServiceSettings):
             verify=self.verify,
         )
 
+    def external_shortfall(self) -> str | None:
+        """Why lock-step batches will hold fewer than J external groups, or None: with expected_peers
+        peers and at most max_per_source groups of each, J may be out of reach (a warning, not an
+        error: a peer count can change while the node runs)."""
+        reachable = self.max_per_source * self.expected_peers
+        if self.round_mode is not RoundMode.LOCKSTEP or self.external_groups <= reachable:
+            return None
+        needed = -(-self.external_groups // max(self.expected_peers, 1))
+        return (
+            f"J = {self.external_groups} external groups per batch is out of reach: {self.expected_peers} "
+            f"peers x MAX_PER_SOURCE {self.max_per_source} = {reachable}; set SAPO_SAMPLER_MAX_PER_SOURCE "
+            f">= {needed} or expect smaller batches"
+        )
+
     def assembly_config(self) -> AssemblyConfig:
         return AssemblyConfig(
             mode=self.round_mode,

@@ -68,3 +68,12 @@ def test_signing_key_reaches_the_filters_as_bytes() -> None:
 def test_lazy_verification_reaches_the_filters(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SAPO_SAMPLER_VERIFY", "lazy")
     assert load_settings(SamplerSettings, node_id="n").screen_config().verify is VerifyMode.LAZY
+
+
+def test_unreachable_j_is_reported_with_what_to_set() -> None:
+    short = SamplerSettings(node_id="n", external_groups=4, expected_peers=1, max_per_source=2)
+    message = short.external_shortfall()
+    assert message is not None and "SAPO_SAMPLER_MAX_PER_SOURCE >= 4" in message
+    assert SamplerSettings(node_id="n", external_groups=6, expected_peers=3).external_shortfall() is None
+    asynchronous = SamplerSettings(node_id="n", external_groups=4, expected_peers=1, round_mode="async")
+    assert asynchronous.external_shortfall() is None
