@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
+from sapo.experiment.evaluate import sample_and_score
 from sapo.generation import SamplingConfig, TransformersBackend
 from sapo.generator import encode_prompt
 from sapo.grpo import TrainSample, group_advantages, grpo_loss, has_signal, pack, policy_logprobs
@@ -51,6 +52,8 @@ from sapo.tasks import STOP_STRINGS, QuestionRecord, TaskStream, render_prompt, 
 from sapo.tasks.records import Split
 
 NODE_SEED = 0
+CALIBRATION_SEED = 1234
+"""Sampling seed of every measurement (the numbers in sapo.models.warm were taken with it)."""
 """The node whose streams are measured (its train stream is not the SFT stream: different seed)."""
 
 KINDS = {"bundled": "warm", "bpe": "warm-bpe"}
@@ -78,31 +81,21 @@ def measure(
     *,
     samples: int,
     max_new_tokens: int,
-    chunk: int = 16,
 ) -> Measured:
     """Sample ``samples`` completions per question (fixed seed) and score them."""
-    backend = TransformersBackend(model, tokenizer)
-    params = SamplingConfig(
-        max_new_tokens=max_new_tokens, num_samples=samples, temperature=1.0, seed=1234, stop=STOP_STRINGS
+    scored = sample_and_score(
+        model, tokenizer, records, samples=samples, max_new_tokens=max_new_tokens, seed=CALIBRATION_SEED
     )
     per_task: dict[str, list[float]] = defaultdict(list)
-    signal = tagged = completions = 0
-    with torch.no_grad():
-        for start in range(0, len(records), chunk):
-            part = records[start : start + chunk]
-            prompts = [encode_prompt(tokenizer, render_prompt(tokenizer, r)) for r in part]
-            for record, group in zip(part, backend.generate(prompts, params), strict=True):
-                rewards = [score(record, s.text, prefilled=True) for s in group]
-                per_task[record.task].extend(rewards)
-                signal += has_signal(rewards)
-                tagged += sum("</answer>" in s.text for s in group)
-                completions += len(group)
+    for item in scored:
+        per_task[item.record.task].extend(item.rewards)
     every = [r for values in per_task.values() for r in values]
+    texts = [t for item in scored for t in item.texts]
     return Measured(
         mean=statistics.fmean(every),
         per_task={task: statistics.fmean(values) for task, values in sorted(per_task.items())},
-        signal_fraction=signal / len(records),
-        tagged_fraction=tagged / completions,
+        signal_fraction=statistics.fmean(has_signal(item.rewards) for item in scored),
+        tagged_fraction=statistics.fmean("</answer>" in t for t in texts),
     )
 
 

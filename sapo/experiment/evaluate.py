@@ -9,6 +9,7 @@ accuracy (share of completions with full reward).
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from sapo.checkpoints import CheckpointStore, load_weights, read_manifest
 from sapo.generation import SamplingConfig, TransformersBackend
 from sapo.generator import encode_prompt
 from sapo.models import load_model
-from sapo.tasks import STOP_STRINGS, TaskStream, load_profile, render_prompt, score
+from sapo.tasks import STOP_STRINGS, QuestionRecord, TaskStream, load_profile, render_prompt, score
 
 EVAL_STREAM_SEED = 0
 """The eval split is disjoint from every train stream by construction (sapo.tasks); one seed for all."""
@@ -40,6 +41,41 @@ class Evaluation:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Scored:
+    """One question's sampled completion texts and their rewards."""
+
+    record: QuestionRecord
+    texts: list[str]
+    rewards: list[float]
+
+
+def sample_and_score(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    records: Sequence[QuestionRecord],
+    *,
+    samples: int,
+    max_new_tokens: int,
+    seed: int = SAMPLING_SEED,
+) -> list[Scored]:
+    """`samples` completions of each question at temperature 1.0 (fixed seed), scored locally."""
+    backend = TransformersBackend(model, tokenizer)
+    params = SamplingConfig(
+        max_new_tokens=max_new_tokens, num_samples=samples, temperature=1.0, seed=seed, stop=STOP_STRINGS
+    )
+    out: list[Scored] = []
+    model.eval()  # type: ignore[no-untyped-call]
+    with torch.no_grad():
+        for start in range(0, len(records), _CHUNK):
+            part = records[start : start + _CHUNK]
+            prompts = [encode_prompt(tokenizer, render_prompt(tokenizer, r)) for r in part]
+            for record, group in zip(part, backend.generate(prompts, params), strict=True):
+                texts = [s.text for s in group]
+                out.append(Scored(record, texts, [score(record, t, prefilled=True) for t in texts]))
+    return out
+
+
 def evaluate(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -51,24 +87,9 @@ def evaluate(
 ) -> Evaluation:
     """Sample `samples` completions of each of the first `questions` eval questions and score them."""
     records = TaskStream(load_profile(task_profile), EVAL_STREAM_SEED, "eval").take(questions)
-    backend = TransformersBackend(model, tokenizer)
-    params = SamplingConfig(
-        max_new_tokens=max_new_tokens,
-        num_samples=samples,
-        temperature=1.0,
-        seed=SAMPLING_SEED,
-        stop=STOP_STRINGS,
-    )
     per_task: dict[str, list[float]] = {}
-    model.eval()  # type: ignore[no-untyped-call]
-    with torch.no_grad():
-        for start in range(0, len(records), _CHUNK):
-            part = records[start : start + _CHUNK]
-            prompts = [encode_prompt(tokenizer, render_prompt(tokenizer, r)) for r in part]
-            for record, group in zip(part, backend.generate(prompts, params), strict=True):
-                per_task.setdefault(record.task, []).extend(
-                    score(record, s.text, prefilled=True) for s in group
-                )
+    for item in sample_and_score(model, tokenizer, records, samples=samples, max_new_tokens=max_new_tokens):
+        per_task.setdefault(item.record.task, []).extend(item.rewards)
     rewards = [r for values in per_task.values() for r in values]
     return Evaluation(
         questions=len(records),
