@@ -133,17 +133,11 @@ def _add_swarm_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _run_swarm(args: argparse.Namespace) -> int:
     from sapo.swarm.manifest import load_manifest
+    from sapo.swarm.run import run_local
 
     manifest = load_manifest(args.manifest)
     run_dir = (args.run_dir or Path("runs") / f"{manifest.name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-    if args.in_process:
-        from sapo.swarm.inprocess import run_inprocess
-
-        code: int = run_inprocess(manifest, run_dir)
-        return code
-    from sapo.swarm.run import run_swarm
-
-    return run_swarm(manifest, run_dir)
+    return run_local(manifest, run_dir, in_process=args.in_process)
 
 
 def _int_list(text: str) -> tuple[int, ...]:

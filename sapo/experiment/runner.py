@@ -31,7 +31,8 @@ from sapo.experiment.evaluate import Evaluation, evaluate, load_final_policy
 from sapo.experiment.plan import ExperimentProfile, manifest_data, mix_name, run_name
 from sapo.models import load_model
 from sapo.swarm.helm import node_values
-from sapo.swarm.manifest import SwarmManifest, parse_manifest
+from sapo.swarm.manifest import parse_manifest
+from sapo.swarm.run import run_local
 
 Mode = Literal["services", "inprocess"]
 
@@ -58,17 +59,6 @@ def baseline(profile: ExperimentProfile, seed: int, out_dir: Path) -> Evaluation
     return result
 
 
-def run_swarm_in(manifest: SwarmManifest, run_dir: Path, mode: Mode, log: TextIO) -> int:
-    if mode == "inprocess":
-        from sapo.swarm.inprocess import run_inprocess
-
-        code: int = run_inprocess(manifest, run_dir, out=log)
-        return code
-    from sapo.swarm.run import run_swarm
-
-    return run_swarm(manifest, run_dir, refresh_s=2.0, out=log)
-
-
 def run_one(
     profile: ExperimentProfile,
     mix: tuple[int, int],
@@ -86,7 +76,7 @@ def run_one(
     manifest = parse_manifest(manifest_data(profile, mix, seed))
     started = time.monotonic()
     with (run_dir / "swarm.out").open("w") as log:
-        code = run_swarm_in(manifest, run_dir, mode, log)
+        code = run_local(manifest, run_dir, in_process=mode == "inprocess", out=log)
     wall = time.monotonic() - started
     if code != 0:
         return code

@@ -119,3 +119,13 @@ def run_swarm(
         swarm.stop()
     print_summary(summarize(manifest, run_dir), out)
     return code
+
+
+def run_local(manifest: SwarmManifest, run_dir: Path, *, in_process: bool, out: TextIO = sys.stdout) -> int:
+    """The swarm through Kafka and separate service processes, or in this process without Kafka."""
+    if in_process:
+        from sapo.swarm.inprocess import run_inprocess  # it builds on this module
+
+        code: int = run_inprocess(manifest, run_dir, out)
+        return code
+    return run_swarm(manifest, run_dir, out=out)
