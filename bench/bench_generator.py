@@ -25,8 +25,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from sapo.generation import SamplingConfig, TransformersBackend
-from sapo.generation.hf import left_pad
+from sapo.backends import SamplingConfig, TransformersBackend
+from sapo.backends.hf import left_pad
 from sapo.models import BUNDLED_REF, load_model
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}

@@ -31,12 +31,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 from safetensors.torch import load_file
 
+from sapo.backends import TransformersBackend
 from sapo.broker import EmbeddedBroker
 from sapo.checkpoints import CheckpointStore, Written, sha256_file
-from sapo.generation import TransformersBackend
 from sapo.kafka import KafkaPublisher
 from sapo.models import BUNDLED_REF
-from sapo.service import start_runtime
+from sapo.runtime import start_runtime
 from sapo.settings import ConsumerProfile, KafkaConnection
 from sapo.topics import TopicNames, ensure_topics
 from sapo.v1 import policy_pb2

@@ -26,10 +26,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from sapo.checkpoints import CheckpointStore
 from sapo.convert import question_to_proto
-from sapo.generator import encode_prompt
 from sapo.grpo import TrainSample, pack, policy_logprobs
 from sapo.models import BUNDLED_REF, load_model, tokenizer_fingerprint
-from sapo.tasks import EASY_PROFILE, TaskStream, render_prompt
+from sapo.tasks import EASY_PROFILE, TaskStream, prompt_ids
 from sapo.trainer import OptimConfig, Precision, StepConfig, Trainer
 from sapo.trainer.step import autocast
 from sapo.v1 import batch_pb2, rollout_pb2
@@ -47,7 +46,7 @@ def build_batch(
     eos = int(tokenizer.eos_token_id)
     batch = batch_pb2.TrainingBatch(schema_version=SCHEMA_VERSION, batch_id="bench/0", node_id="bench")
     for question in TaskStream(EASY_PROFILE, 1, "train").take(groups):
-        prompt = encode_prompt(tokenizer, render_prompt(tokenizer, question))
+        prompt = prompt_ids(tokenizer, question)
         ids = [
             [*torch.randint(100, 40_000, (tokens - 1,), generator=gen).tolist(), eos]
             for _ in range(completions)

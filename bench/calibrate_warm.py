@@ -42,13 +42,18 @@ from dataclasses import dataclass
 import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
+from sapo.backends import SamplingConfig, TransformersBackend
 from sapo.experiment.evaluate import sample_and_score
-from sapo.generation import SamplingConfig, TransformersBackend
-from sapo.generator import encode_prompt
 from sapo.grpo import TrainSample, group_advantages, grpo_loss, has_signal, pack, policy_logprobs
 from sapo.models import build_tiny_model, project_tokenizer
 from sapo.models.warm import WARM_PROFILE, WarmRecipe, parse_warm_ref, sft_stream, train_warm_model
-from sapo.tasks import STOP_STRINGS, QuestionRecord, TaskStream, render_prompt, score
+from sapo.tasks import (
+    STOP_STRINGS,
+    QuestionRecord,
+    TaskStream,
+    prompt_ids,
+    score,
+)
 from sapo.tasks.records import Split
 
 NODE_SEED = 0
@@ -187,7 +192,7 @@ def grpo_round(
 ) -> tuple[float, int]:
     """One local-only GRPO round; returns (mean reward of the round's samples, groups trained on)."""
     tokenizer = backend.tokenizer
-    prompts = [encode_prompt(tokenizer, render_prompt(tokenizer, r)) for r in records]
+    prompts = [prompt_ids(tokenizer, r) for r in records]
     model.eval()  # type: ignore[no-untyped-call]
     with torch.no_grad():
         sampled = backend.generate(prompts, params)

@@ -162,11 +162,3 @@ def now_timestamp() -> Timestamp:
     ts = Timestamp()
     ts.FromDatetime(datetime.now(UTC))
     return ts
-
-
-def age_seconds(ts: Timestamp, now: datetime | None = None) -> float:
-    """Seconds since ts; an unset timestamp counts as infinitely old."""
-    if ts.seconds == 0 and ts.nanos == 0:
-        return math.inf
-    ref = now or datetime.now(UTC)
-    return (ref - ts.ToDatetime(tzinfo=UTC)).total_seconds()

@@ -17,11 +17,17 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from sapo.backends import SamplingConfig, TransformersBackend
 from sapo.checkpoints import CheckpointStore, load_weights, read_manifest
-from sapo.generation import SamplingConfig, TransformersBackend
-from sapo.generator import encode_prompt
 from sapo.models import load_model
-from sapo.tasks import STOP_STRINGS, QuestionRecord, TaskStream, load_profile, render_prompt, score
+from sapo.tasks import (
+    STOP_STRINGS,
+    QuestionRecord,
+    TaskStream,
+    load_profile,
+    prompt_ids,
+    score,
+)
 
 EVAL_STREAM_SEED = 0
 """The eval split is disjoint from every train stream by construction (sapo.tasks); one seed for all."""
@@ -42,7 +48,7 @@ class Evaluation:
 
 
 @dataclass(frozen=True)
-class Scored:
+class ScoredQuestion:
     """One question's sampled completion texts and their rewards."""
 
     record: QuestionRecord
@@ -58,21 +64,21 @@ def sample_and_score(
     samples: int,
     max_new_tokens: int,
     seed: int = SAMPLING_SEED,
-) -> list[Scored]:
+) -> list[ScoredQuestion]:
     """`samples` completions of each question at temperature 1.0 (fixed seed), scored locally."""
     backend = TransformersBackend(model, tokenizer)
     params = SamplingConfig(
         max_new_tokens=max_new_tokens, num_samples=samples, temperature=1.0, seed=seed, stop=STOP_STRINGS
     )
-    out: list[Scored] = []
+    out: list[ScoredQuestion] = []
     model.eval()  # type: ignore[no-untyped-call]
     with torch.no_grad():
         for start in range(0, len(records), _CHUNK):
             part = records[start : start + _CHUNK]
-            prompts = [encode_prompt(tokenizer, render_prompt(tokenizer, r)) for r in part]
+            prompts = [prompt_ids(tokenizer, r) for r in part]
             for record, group in zip(part, backend.generate(prompts, params), strict=True):
                 texts = [s.text for s in group]
-                out.append(Scored(record, texts, [score(record, t, prefilled=True) for t in texts]))
+                out.append(ScoredQuestion(record, texts, [score(record, t, prefilled=True) for t in texts]))
     return out
 
 

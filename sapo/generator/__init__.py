@@ -13,25 +13,23 @@ from sapo.generator.groups import (
     RoundPrompt,
     RoundSource,
     build_group,
-    encode_prompt,
     generate_round,
     plan_round,
     round_seed,
     to_completion,
 )
-from sapo.generator.pacing import Pacing, RoundMode
+from sapo.generator.pacing import Pacing, PacingMode
 from sapo.generator.sharing import SharingPolicy, should_share
 
 __all__ = [
     "BatchContext",
     "GeneratedRound",
     "Pacing",
-    "RoundMode",
+    "PacingMode",
     "RoundPrompt",
     "RoundSource",
     "SharingPolicy",
     "build_group",
-    "encode_prompt",
     "generate_round",
     "plan_round",
     "round_seed",

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from google.protobuf.timestamp_pb2 import Timestamp
 from transformers import PreTrainedTokenizerBase
 
+from sapo.backends import FinishReason, GenerationBackend, Sample, SamplingConfig
 from sapo.convert import question_to_proto
-from sapo.generation import FinishReason, GenerationBackend, Sample, SamplingConfig
-from sapo.tasks import QuestionRecord, TaskStream, render_prompt, score
+from sapo.tasks import QuestionRecord, TaskStream, prompt_ids, score
 from sapo.tasks.seeds import stable_hash
 from sapo.v1 import rollout_pb2
 from sapo.wire import SCHEMA_VERSION, now_timestamp
@@ -63,23 +63,12 @@ def round_seed(node_seed: int, round_: int) -> int:
     return stable_hash("sampling", node_seed, round_) % 2**63
 
 
-def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> tuple[int, ...]:
-    """Token ids of a rendered prompt.
-
-    A chat template already writes every special token the model expects (BOS included where it has
-    one), so letting the tokenizer add its own would double them; a template-free prompt
-    (`render_plain`) gets the tokenizer's usual special tokens instead.
-    """
-    ids = tokenizer.encode(text, add_special_tokens=tokenizer.chat_template is None)
-    return tuple(int(i) for i in ids)
-
-
 def plan_round(
     tokenizer: PreTrainedTokenizerBase, stream: TaskStream, round_: int, per_round: int
 ) -> list[RoundPrompt]:
     """The `per_round` questions of round `round_` (stream positions round_ * per_round + i) and prompts."""
     records = [stream.record_at(round_ * per_round + i) for i in range(per_round)]
-    return [RoundPrompt(r, encode_prompt(tokenizer, render_prompt(tokenizer, r))) for r in records]
+    return [RoundPrompt(r, prompt_ids(tokenizer, r)) for r in records]
 
 
 def sampling_params(config: SamplingConfig) -> rollout_pb2.SamplingParams:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 
-class RoundMode(StrEnum):
+class PacingMode(StrEnum):
     LOCKSTEP = "lockstep"
     ASYNC = "async"
 
@@ -28,7 +28,7 @@ class RoundMode(StrEnum):
 class Pacing:
     """The pacing rules of one generator: mode, staleness bound (async only) and optional round limit."""
 
-    mode: RoundMode
+    mode: PacingMode
     max_ahead: int = 0
     rounds: int = 0
     """Stop before generating this round number; 0 = run forever."""
@@ -36,7 +36,7 @@ class Pacing:
     def __post_init__(self) -> None:
         if self.max_ahead < 0 or self.rounds < 0:
             raise ValueError(f"max_ahead and rounds must be >= 0, got {self.max_ahead}, {self.rounds}")
-        if self.mode is RoundMode.LOCKSTEP and self.max_ahead:
+        if self.mode is PacingMode.LOCKSTEP and self.max_ahead:
             raise ValueError("max_ahead applies to async mode only; lockstep runs exactly 0 ahead")
 
     def required_version(self, round_: int) -> int:
@@ -45,7 +45,7 @@ class Pacing:
 
     def align(self, round_: int, loaded_version: int) -> int:
         """The round to generate next: in lockstep never behind the loaded policy; async unchanged."""
-        return max(round_, loaded_version) if self.mode is RoundMode.LOCKSTEP else round_
+        return max(round_, loaded_version) if self.mode is PacingMode.LOCKSTEP else round_
 
     def may_generate(self, round_: int, loaded_version: int) -> bool:
         return loaded_version >= self.required_version(round_)

@@ -6,7 +6,6 @@ from sapo.kafka.consumer import (
     Handler,
     KafkaConsumerClient,
     TransportError,
-    consumer_config,
 )
 from sapo.kafka.dlq import DeadLetters
 from sapo.kafka.metrics import TransportMetrics
@@ -28,5 +27,4 @@ __all__ = [
     "TransportError",
     "TransportMetrics",
     "Watermarks",
-    "consumer_config",
 ]

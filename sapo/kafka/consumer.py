@@ -18,7 +18,6 @@ import enum
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
@@ -281,8 +280,3 @@ class ConsumerLoop:
             self._client.store(self.watermarks.positions())
         finally:
             self._client.close()
-
-
-def consumer_config(base: dict[str, str], profile: dict[str, str], **extra: Any) -> dict[str, str]:
-    """Merge connection, timing profile and per-consumer properties into one librdkafka dict."""
-    return base | profile | {k.replace("_", "."): str(v) for k, v in extra.items()}

@@ -26,7 +26,7 @@ Choices:
   ``<|system|>``, ``<|user|>``, ``<|assistant|>``. No unknown token: byte-level BPE needs none.
 - Chat template (Zephyr-like, deliberately not ChatML, so the two families also differ in prompt
   format): ``<|begin|>`` then per message ``<|role|>\\n{content}<|end|>\\n``, and ``<|assistant|>\\n`` as the
-  generation prompt. The template writes BOS itself; ``sapo.generator.encode_prompt`` therefore encodes
+  generation prompt. The template writes BOS itself; ``sapo.tasks.encode_prompt`` therefore encodes
   with ``add_special_tokens=False``, and the tokenizer has no post-processor adding anything either
   way. The project's prompt (``sapo.tasks.render_prompt``) ends in the ``<answer>`` prefill, a reply is
   ``{answer}</answer>`` then EOS, and the trainer re-tokenizes a peer's text with
@@ -39,7 +39,7 @@ build (measured: byte-identical ``tokenizer.json`` from separate processes with 
 and the corpus is a pure function of the task generator version. The cache key holds both versions.
 
 Cache: ``<cache root>/bpe/bpe-<vocab>-<digest>``, a Hugging Face tokenizer directory created through
-:func:`sapo.models.loading.materialize_dir` (concurrent first loads build it once).
+:func:`sapo.models.cache.materialize_dir` (concurrent first loads build it once).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from sapo.models.loading import cache_root, materialize_dir
+from sapo.models.cache import cache_root, materialize_dir
 from sapo.tasks import EASY_PROFILE, GENERATOR_VERSION, PAPER_PROFILE, TaskStream, build_messages
 from sapo.tasks.reward import ANSWER_CLOSE, ANSWER_OPEN
 from sapo.tasks.seeds import stable_hash

@@ -1,93 +1,24 @@
 """Warm-started tiny models (``warm:<seed>``, ``warm-bpe:<seed>``): the paper's experiment at CPU scale.
 
-Why this exists: the bundled 135M model costs 25-60 s per node-round on a 2-core CPU, and a random tiny
-model (``tiny:<seed>``) earns reward ~0, so every GRPO group is all-zero and nothing is learned. A warm
-model is a tiny Llama of the same family with the bundled SmolLM2 tokenizer (:mod:`sapo.models.tiny`),
-briefly fine-tuned on worked examples of the ``easy`` profile so that it starts inside the band where
-GRPO has signal: some completions of a question right, some wrong.
+The bundled 135M model costs 25-60 s per node-round on a 2-core CPU, and a random tiny model
+(``tiny:<seed>``) earns reward ~0, so GRPO has no signal. A warm model is a tiny Llama of the same
+family (:mod:`sapo.models.tiny`) briefly fine-tuned on worked examples of the ``easy`` profile so that it
+starts where GRPO has signal: some completions of a question right, some wrong. ``warm-bpe:`` builds
+the same recipe with the project's BPE tokenizer (:mod:`sapo.models.bpe`).
 
-Reference: ``warm:<seed>`` (the default recipe below) or ``warm:<seed>:<hidden>x<layers>:<steps>``;
-``warm-bpe:`` takes the same forms and builds the same recipe with the project's BPE tokenizer
-(:mod:`sapo.models.bpe`) instead of the bundled one: the tokenizer is the only parameter that differs
-(measurements in the last section).
+Reference: ``warm:<seed>`` (the default recipe below) or ``warm:<seed>:<hidden>x<layers>:<steps>``.
 
-Supervised warm-up (SFT):
-
-- Data: questions of the ``easy`` profile's *train* split, from a task stream keyed by the model seed
-  (``stable_hash("warm-sft", seed)``, a 64-bit node seed rather than a small swarm node number), so
-  the eval split's question texts are never seen and held-out reward measures generalisation. Batch k
-  is stream positions [k * B, (k + 1) * B), generated as training goes.
-- Prompt: exactly what the generator feeds (``render_prompt`` with its one-shot example and the
-  "<answer>" prefill, encoded by ``sapo.generator.encode_prompt``); target ``"{answer}</answer>"`` + EOS,
-  encoded on its own because sampling continues from the prompt's ids. The loss is next-token
-  cross-entropy on the target tokens only, averaged over them; logits are computed only at those
-  positions (per token the 49k-vocabulary head costs ~40x the 64-wide body).
-- Optimiser: AdamW (betas 0.9 / 0.98, no weight decay), linear warm-up then a *constant* learning rate.
-  With a constant rate, and data that depends only on the step, the model after k steps of a longer
-  recipe is exactly the k-step recipe: calibration measures several step counts in one run.
-- Init: ``initializer_range`` 0.02, the Llama / SmolLM2 default, rather than tiny's 0.2 (which exists for
-  tests that need context-sensitive random logits). SFT progressed the same with either (loss 0.80 /
-  0.60 after 100 / 200 steps, measured); calibration was done with 0.02.
-- Rows are sorted by length and run in micro-batches of 4 (gradients accumulated, weighted by target
-  tokens): the task mix's prompts range from ~90 to ~400 tokens, and padding every row to the longest
-  cost ~25% more per step (measured).
-
-Default recipe: 64x2 (3.2 M parameters, 3.1 M of them the tied 49k-token embedding), 300 steps of 16
-questions, lr 3e-3 (20 warm-up steps). Measured with bench/calibrate_warm.py (OMP_NUM_THREADS=1, 2-core
-AVX2 machine; 64 questions x 4 samples at T=1.0, <= 24 new tokens; node 0's streams; seeds 0 / 1 / 2):
-
-    steps  build_s  train reward         eval reward          train groups with signal
-      100     27    0.063 0.077 0.071    0.063 0.048 0.086    0.62-0.69
-      200     51    0.198 0.202 0.171    0.168 0.142 0.134    0.56-0.64
-      300     74    0.242 0.229 0.221    0.195 0.175 0.178    0.45-0.52
-      400      -    0.233 (seed 0)       0.173                0.55      (build timed on a loaded machine only)
-
-- 100 steps is below the band (the format is learnt, ~90% of completions close the tag, answers not);
-  from 200 steps every seed is inside it. 300 sits on the plateau (300 and 400 agree within noise), so
-  it is the least sensitive to seed and machine while leaving most of the reward to RL; 200 is steeper
-  (seed-to-seed 0.17-0.20). Reward comes mostly from calendar_arithmetic (~0.4) and
-  propositional_logic (~0.4); basic_arithmetic and fraction_simplification stay <= 0.1.
-- Build time: 74 s in the bench and 84 s through ``load_model`` on a mostly idle core; 2-3x that while
-  other processes share the two cores. A cached load takes ~0.7 s.
-- Train reward runs 0.03-0.05 above eval: the train split of small question spaces (one-digit sums,
-  200 leap years) repeats texts the SFT saw (53% of node 0's first 64 train questions at 300 steps),
-  and the gap is mostly basic_arithmetic (0.10 vs 0.03). Eval texts are disjoint from all SFT data.
-- Wider or faster did not buy reward per second: 128x2 reached 0.17-0.21 at 300-400 steps (64x2 0.17-0.19
-  in the same runs) for ~1.5x the build time; lr 1e-2 learnt the format sooner but matched 3e-3 from
-  200 steps on.
-- RL moves it: plain GRPO (lr 1e-3, 8 x 8 per round, local groups) from the 300-step model raised the
-  round reward from 0.18 (rounds 0-9) to 0.30 (rounds 30-39) and held-out reward 0.195 -> 0.256
-  (propositional_logic 0.42 -> 0.70) in 40 rounds of ~2 s each. From a 200-step model, GRPO at lr 3e-3
-  collapsed onto propositional_logic (calendar 0.19 -> 0.01) where 1e-3 did not.
+Supervised warm-up: questions of the ``easy`` profile's train split from a stream keyed by the model
+seed (so held-out reward measures generalisation); the prompt exactly as the generator encodes it
+(``sapo.tasks.prompt_ids``), target ``"{answer}</answer>"`` + EOS; next-token cross-entropy on the
+target tokens only; AdamW, linear warm-up then a constant rate, so the model after k steps of a longer
+recipe is exactly the k-step recipe. Default recipe: 64x2 (3.2 M parameters), 300 steps of 16
+questions, lr 3e-3; docs/models.md has the calibration that chose it and what was measured.
 
 Determinism: the weights are a pure function of (seed, recipe) for a given torch / transformers /
-reasoning-gym build and thread count (training uses no randomness; floating-point reductions may round
-differently with another thread count). The cache key includes those versions, so an upgrade rebuilds.
-
-Cache: ``<cache root>/warm/<name>-<digest>``, an ordinary Hugging Face directory (fp32 safetensors +
-tokenizer) created through :func:`sapo.models.loading.materialize_dir`: concurrent first loads build it
-once and never see a half-written directory; later loads take ~1 s. ``warm-bpe:`` names start with
-``warm-bpe-``, and their digest covers the BPE tokenizer's fingerprint.
-
-``warm-bpe:<seed>``, the same recipe with the BPE tokenizer (1024 tokens): 0.14 M parameters instead of
-3.2 M (the embedding shrinks from 3.1 M to 65 k), SFT steps get cheaper (~0.17 s instead of ~0.25 s),
-and the reward lands where ``warm:``'s does. Measured like the table above (bench/calibrate_warm.py
---tokenizer bpe; build seconds on a busy machine, so only the first row's rate means much):
-
-    steps  build_s  train reward         eval reward          train groups with signal
-      100     17    0.130 (seed 0)       0.123                0.67
-      200   31-118  0.186 0.191 0.178    0.177 0.171 0.175    0.48-0.67
-      300   57-154  0.218 0.236 0.225    0.214 0.169 0.195    0.39-0.50
-      400      -    0.220 (seed 0)       0.210                0.53
-
-- Reward comes from the same tasks (propositional_logic ~0.5, calendar_arithmetic ~0.3); ~100% of
-  completions close the tag from 200 steps on. Same plateau from 300 steps, same band: the recipe is
-  kept rather than re-tuned, so the two families start a heterogeneous swarm on an equal footing.
-- Through ``load_model``: 60-90 s to build on a loaded machine (load average ~7 on 2 cores), 1 s cached.
-- RL moves it, less clearly than ``warm:0``: plain GRPO (lr 1e-3, 8 x 8 per round, local groups) from
-  ``warm-bpe:0`` gave a round reward of 0.22 / 0.32 / 0.20 / 0.34 per 10 rounds over 40 rounds of
-  ~1 s, and held-out 0.214 -> 0.226 (propositional_logic 0.49 -> 0.65, calendar_arithmetic
-  0.36 -> 0.32): within the noise of a 64-question measurement overall.
+reasoning-gym build and thread count. The cache key includes those versions, so an upgrade rebuilds.
+Cache: ``<cache root>/warm/<name>-<digest>``, an ordinary Hugging Face directory built through
+:func:`sapo.models.cache.materialize_dir`.
 """
 
 from __future__ import annotations
@@ -106,10 +37,18 @@ from pathlib import Path
 import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
+from sapo.models.cache import cache_root, materialize_dir
 from sapo.models.fingerprint import tokenizer_fingerprint
-from sapo.models.loading import cache_root, materialize_dir, project_tokenizer, ref_kind
+from sapo.models.refs import project_tokenizer, ref_kind
 from sapo.models.tiny import TinySpec, build_tiny_model, parse_tiny_ref
-from sapo.tasks import EASY_PROFILE, GENERATOR_VERSION, Profile, QuestionRecord, TaskStream, render_prompt
+from sapo.tasks import (
+    EASY_PROFILE,
+    GENERATOR_VERSION,
+    Profile,
+    QuestionRecord,
+    TaskStream,
+    prompt_ids,
+)
 from sapo.tasks.reward import ANSWER_CLOSE
 from sapo.tasks.seeds import stable_hash
 
@@ -193,12 +132,9 @@ def sft_stream(seed: int) -> TaskStream:
 
 def sft_example(tokenizer: PreTrainedTokenizerBase, record: QuestionRecord) -> SftExample:
     """The prompt exactly as the generator encodes it, and ``"{answer}</answer>"`` + EOS as the target."""
-    # Imported here: sapo.generator imports sapo.generation, which loads models through this package.
-    from sapo.generator.groups import encode_prompt
-
     if tokenizer.eos_token_id is None:
         raise ValueError("a warm model needs a tokenizer with an EOS token (the target ends with it)")
-    prompt = encode_prompt(tokenizer, render_prompt(tokenizer, record))
+    prompt = prompt_ids(tokenizer, record)
     answer = tokenizer.encode(f"{record.answer}{ANSWER_CLOSE}", add_special_tokens=False)
     return SftExample(record, prompt, (*(int(i) for i in answer), int(tokenizer.eos_token_id)))
 

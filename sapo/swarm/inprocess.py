@@ -48,8 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from sapo.backends import GenerationBackend, TransformersBackend
 from sapo.checkpoints import Written
-from sapo.generation import GenerationBackend, TransformersBackend
 from sapo.generator import Pacing, RoundSource, generate_round
 from sapo.lifecycle import StopFlag, install_signal_handlers
 from sapo.sampler import Assembler, History, Origin, Screen, SeenGroups, build_batch, make_assembler
@@ -57,7 +57,7 @@ from sapo.settings import ConfigError, ConsumerProfile, load_settings
 from sapo.swarm.history import ROUNDS_DIR, STEPS_DIR, append_row, round_row, step_row
 from sapo.swarm.launcher import service_values
 from sapo.swarm.manifest import NodeSpec, SwarmManifest
-from sapo.swarm.run import print_summary, summarize
+from sapo.swarm.summary import print_summary, summarize
 from sapo.tasks import TaskStream
 from sapo.trainer import StepReport, Trainer, step_metrics
 from sapo.v1 import batch_pb2, rollout_pb2

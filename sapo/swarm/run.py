@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import json
-import math
 import sys
 import time
 from pathlib import Path
 from typing import Any, TextIO
 
 from sapo.lifecycle import StopFlag, install_signal_handlers
-from sapo.swarm.history import ROUNDS_DIR, STEPS_DIR, read_rows
 from sapo.swarm.launcher import Swarm
 from sapo.swarm.manifest import SwarmManifest
 from sapo.swarm.progress import NodeStatus, render, scrape
+from sapo.swarm.summary import print_summary, summarize
 
 
 def _statuses(swarm: Swarm, last: dict[tuple[str, str], Any]) -> list[NodeStatus]:
@@ -37,42 +35,6 @@ def _log_tail(path: Path, lines: int = 15) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
-
-
-def summarize(manifest: SwarmManifest, run_dir: Path) -> dict[str, Any]:
-    """Per node: steps trained, the batch reward (the paper's metric: external groups included) first,
-    last and summed, and the on-policy reward of the node's own rounds (every completion it sampled)."""
-    nodes: dict[str, Any] = {}
-    for node in manifest.nodes:
-        steps = read_rows(run_dir / STEPS_DIR / f"{node.id}.jsonl")
-        rewards = [s["reward_mean"] for s in steps if s["completion_tokens"]]
-        rounds = [r["reward_mean"] for r in read_rows(run_dir / ROUNDS_DIR / f"{node.id}.jsonl")]
-        nodes[node.id] = {
-            "steps": len(steps),
-            "reward_sum": sum(rewards),
-            "reward_first": rewards[0] if rewards else math.nan,
-            "reward_last": rewards[-1] if rewards else math.nan,
-            "rounds": len(rounds),
-            "round_reward_first": rounds[0] if rounds else math.nan,
-            "round_reward_last": rounds[-1] if rounds else math.nan,
-        }
-    summary = {"run_dir": str(run_dir), "nodes": nodes}
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    return summary
-
-
-def print_summary(summary: dict[str, Any], out: TextIO) -> None:
-    out.write(f"\nrun directory: {summary['run_dir']}\n")
-    out.write("batch reward: the paper's metric (external groups included); own rounds: on-policy reward\n")
-    out.write(
-        f"{'node':<12} {'steps':>5} {'batch first':>11} {'last':>6} {'sum':>8}"
-        f" {'own round first':>15} {'last':>6}\n"
-    )
-    for node, s in summary["nodes"].items():
-        out.write(
-            f"{node:<12} {s['steps']:>5} {s['reward_first']:>11.3f} {s['reward_last']:>6.3f}"
-            f" {s['reward_sum']:>8.3f} {s['round_reward_first']:>15.3f} {s['round_reward_last']:>6.3f}\n"
-        )
 
 
 def run_swarm(
@@ -124,7 +86,9 @@ def run_swarm(
 def run_local(manifest: SwarmManifest, run_dir: Path, *, in_process: bool, out: TextIO = sys.stdout) -> int:
     """The swarm through Kafka and separate service processes, or in this process without Kafka."""
     if in_process:
-        from sapo.swarm.inprocess import run_inprocess  # it builds on this module
+        # Imported here: the in-process mode loads torch and models, which the launcher of the
+        # services never needs.
+        from sapo.swarm.inprocess import run_inprocess
 
         code: int = run_inprocess(manifest, run_dir, out)
         return code

@@ -24,7 +24,15 @@ from sapo.tasks.profiles import (
     profile_from_dict,
     validate_profile,
 )
-from sapo.tasks.prompt import ANSWER_PREFILL, STOP_STRINGS, SYSTEM_PROMPT, build_messages, render_prompt
+from sapo.tasks.prompt import (
+    ANSWER_PREFILL,
+    STOP_STRINGS,
+    SYSTEM_PROMPT,
+    build_messages,
+    encode_prompt,
+    prompt_ids,
+    render_prompt,
+)
 from sapo.tasks.records import Provenance, QuestionRecord, Split
 from sapo.tasks.reward import score
 from sapo.tasks.stream import TaskStream, UnscorableTaskError
@@ -49,9 +57,11 @@ __all__ = [
     "TaskStream",
     "UnscorableTaskError",
     "build_messages",
+    "encode_prompt",
     "get_profile",
     "load_profile",
     "profile_from_dict",
+    "prompt_ids",
     "rederive",
     "render_prompt",
     "score",

@@ -1,8 +1,8 @@
 """The prompt: a system instruction, one worked example of the same task, the question, and "<answer>".
 
-FACTS.md: without an example the 135M model almost never tags its answer (reward ~0); one worked
-example in the chat history plus the assistant turn pre-filled with "<answer>" gives 60-100% tagged
-answers. The completion therefore continues right after "<answer>" and generation stops at "</answer>".
+Measured on the bundled 135M model: without an example it almost never tags its answer (reward ~0);
+one worked example in the chat history plus the assistant turn pre-filled with "<answer>" gives 60-100%
+tagged answers. The completion therefore continues right after "<answer>" and generation stops at "</answer>".
 
 The example depends only on the question's provenance: any node (any tokenizer) rebuilds the same
 conversation for a shared question. It comes from a seed range of its own and from the training half of
@@ -36,6 +36,14 @@ class ChatTokenizer(Protocol):
 
     def apply_chat_template(self, conversation: list[dict[str, str]], **kwargs: Any) -> Any:
         """Render a conversation with the model's chat template."""
+        ...
+
+
+class PromptTokenizer(ChatTokenizer, Protocol):
+    """What encoding a rendered prompt needs on top (a transformers tokenizer satisfies it)."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of a text."""
         ...
 
 
@@ -94,3 +102,19 @@ def render_plain(messages: list[dict[str, str]]) -> str:
             blocks.append(f"{message['role'].capitalize()}: {message['content']}")
     blocks.append(f"Assistant: {ANSWER_PREFILL}")
     return "\n\n".join(blocks)
+
+
+def encode_prompt(tokenizer: PromptTokenizer, text: str) -> tuple[int, ...]:
+    """Token ids of a rendered prompt.
+
+    A chat template already writes every special token the model expects (BOS included where it has
+    one), so letting the tokenizer add its own would double them; a template-free prompt
+    (`render_plain`) gets the tokenizer's usual special tokens instead.
+    """
+    ids = tokenizer.encode(text, add_special_tokens=tokenizer.chat_template is None)
+    return tuple(int(i) for i in ids)
+
+
+def prompt_ids(tokenizer: PromptTokenizer, record: QuestionRecord) -> tuple[int, ...]:
+    """The prompt of `record` as the generator samples from it: rendered, then encoded."""
+    return encode_prompt(tokenizer, render_prompt(tokenizer, record))

@@ -8,7 +8,7 @@ Two ways to get a row's tokens:
   behaviour log-probs meaningful, since they are per token of exactly those ids.
 - Re-tokenized. Text from another tokenizer (a peer's model, or an unknown fingerprint) is rebuilt in our
   own terms: the prompt is exactly what our own generator would have fed for the question
-  (`render_prompt`, ending in the "<answer>" prefill, encoded by `sapo.generator.encode_prompt`), the
+  (`render_prompt`, ending in the "<answer>" prefill, encoded by `sapo.tasks.encode_prompt`), the
   completion is our encoding of the decoded text without special tokens, plus our EOS when the sender's
   generation stopped (`with_eos`), so the stop decision is trained. Such rows have no behaviour
   log-probs.
@@ -42,10 +42,9 @@ from typing import Literal
 from transformers import PreTrainedTokenizerBase
 
 from sapo.convert import question_from_proto
-from sapo.generator import encode_prompt
 from sapo.grpo import TrainSample, with_eos
 from sapo.models import tokenizer_fingerprint
-from sapo.tasks import render_prompt
+from sapo.tasks import encode_prompt, render_prompt
 from sapo.v1 import batch_pb2, rollout_pb2
 
 log = logging.getLogger(__name__)

@@ -31,14 +31,14 @@ from collections.abc import Callable, Sequence
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from sapo.generation import GenerationBackend, SamplingConfig, TransformersBackend, VLLMBackend
+from sapo.backends import GenerationBackend, SamplingConfig, TransformersBackend, VLLMBackend
 from sapo.generator import RoundSource, generate_round, should_share
 from sapo.generator.sharing import scored_rewards
 from sapo.kafka import Publisher
 from sapo.lifecycle import StopFlag
 from sapo.models import tokenizer_fingerprint
 from sapo.ops import Health
-from sapo.service import Runtime
+from sapo.runtime import Runtime
 from sapo.tasks import STOP_STRINGS, TaskStream
 from sapo.topics import TopicNames
 from sapo.v1 import rollout_pb2

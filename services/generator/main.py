@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sapo.service import start_runtime
+from sapo.runtime import start_runtime
 from sapo.settings import load_settings
 from services.generator.core import build_generator
 from services.generator.settings import GeneratorSettings

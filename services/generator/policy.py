@@ -22,7 +22,7 @@ import torch
 from safetensors import SafetensorError
 
 from sapo.checkpoints import CheckpointError, load_weights, read_manifest
-from sapo.generation import GenerationBackend
+from sapo.backends import GenerationBackend
 from sapo.kafka import ConsumerClient, ConsumerLoop, DeadLetters, Disposition, Record, TransportMetrics
 from sapo.lifecycle import StopFlag
 from sapo.ops import Health

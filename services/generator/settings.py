@@ -12,7 +12,7 @@ from typing import Self
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from sapo.generator import Pacing, RoundMode, SharingPolicy
+from sapo.generator import Pacing, PacingMode, SharingPolicy
 from sapo.models import BUNDLED_REF, is_project_ref
 from sapo.settings import ServiceSettings
 from sapo.tasks import Profile, load_profile
@@ -92,8 +92,8 @@ class GeneratorSettings(ServiceSettings):
     )
 
     # --- round pacing ---
-    round_mode: RoundMode = Field(
-        RoundMode.LOCKSTEP,
+    round_mode: PacingMode = Field(
+        PacingMode.LOCKSTEP,
         description="lockstep: round r is generated with policy version r (the paper). async: generation "
         "runs up to max_ahead versions ahead of the loaded policy.",
     )
@@ -136,7 +136,7 @@ class GeneratorSettings(ServiceSettings):
                 f"share_fraction goes with sharing=fraction only: set {prefix}SHARING=fraction and "
                 f"{prefix}SHARE_FRACTION=<0..1> together, or neither"
             )
-        if self.round_mode is RoundMode.LOCKSTEP and "max_ahead" in self.model_fields_set:
+        if self.round_mode is PacingMode.LOCKSTEP and "max_ahead" in self.model_fields_set:
             raise ValueError(
                 f"max_ahead applies to round_mode=async only (lockstep runs exactly 0 ahead): set "
                 f"{prefix}ROUND_MODE=async, or unset {prefix}MAX_AHEAD"
@@ -170,5 +170,5 @@ class GeneratorSettings(ServiceSettings):
         return load_profile(self.profile)
 
     def pacing(self) -> Pacing:
-        max_ahead = self.max_ahead if self.round_mode is RoundMode.ASYNC else 0
+        max_ahead = self.max_ahead if self.round_mode is PacingMode.ASYNC else 0
         return Pacing(self.round_mode, max_ahead, self.rounds)

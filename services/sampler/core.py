@@ -50,7 +50,7 @@ from sapo.sampler import (
     make_assembler,
     parse,
 )
-from sapo.service import Runtime
+from sapo.runtime import Runtime
 from sapo.topics import TopicNames
 from sapo.v1 import rollout_pb2
 from sapo.wire import InvalidMessageError, message_headers, now_timestamp, validate_batch

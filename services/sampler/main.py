@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from sapo.service import start_runtime
+from sapo.runtime import start_runtime
 from sapo.settings import load_settings
 from services.sampler.core import SERVICE, build_core
 from services.sampler.settings import SamplerSettings

@@ -39,7 +39,7 @@ from sapo.kafka.records import TopicPartition
 from sapo.lifecycle import StopFlag
 from sapo.models import load_model
 from sapo.ops import Health
-from sapo.service import Runtime
+from sapo.runtime import Runtime
 from sapo.topics import TopicNames
 from sapo.trainer import StepReport, Trainer, step_metrics
 from sapo.v1 import batch_pb2, policy_pb2

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from sapo.service import start_runtime
+from sapo.runtime import start_runtime
 from sapo.settings import load_settings
 from services.trainer.core import SERVICE, TrainerService
 from services.trainer.settings import TrainerSettings

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from sapo import wire
 from sapo.kafka import ConsumerLoop, Disposition, KafkaPublisher, Record, TransportMetrics
 from sapo.lifecycle import StopFlag
-from sapo.service import Runtime, start_runtime
+from sapo.runtime import Runtime, start_runtime
 from sapo.settings import ConsumerProfile, KafkaConnection
 from sapo.topics import TopicNames, ensure_topics
 from sapo.v1 import rollout_pb2

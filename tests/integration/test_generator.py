@@ -13,8 +13,8 @@ import pytest
 from transformers import PreTrainedTokenizerBase
 
 from sapo import wire
+from sapo.backends import SamplingConfig, TransformersBackend
 from sapo.convert import question_from_proto
-from sapo.generation import SamplingConfig, TransformersBackend
 from sapo.models import build_tiny_model, load_bundled_tokenizer, tokenizer_fingerprint
 from sapo.tasks import EASY_PROFILE, TaskStream, render_prompt
 from sapo.topics import TopicNames

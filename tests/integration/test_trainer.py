@@ -15,7 +15,7 @@ import torch
 
 from sapo.checkpoints import CheckpointStore, load_extra, load_weights, read_manifest
 from sapo.models import load_bundled_tokenizer
-from sapo.service import start_runtime
+from sapo.runtime import start_runtime
 from sapo.settings import ConsumerProfile, KafkaConnection
 from sapo.trainer import TRAINER_STATE
 from services.trainer.core import TrainerService

@@ -11,8 +11,8 @@ import torch
 from prometheus_client import CollectorRegistry
 from transformers import PreTrainedTokenizerBase
 
+from sapo.backends import GenerationBackend, Sample, SamplingConfig, WeightsSource
 from sapo.checkpoints import CheckpointStore, Written
-from sapo.generation import GenerationBackend, Sample, SamplingConfig, WeightsSource
 from sapo.kafka import DeadLetters, Publisher, TransportMetrics
 from sapo.kafka.memory import MemoryBus, MemoryConsumerClient, MemoryPublisher
 from sapo.lifecycle import StopFlag

@@ -10,7 +10,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from sapo import wire
-from sapo.generation import Sample, TransformersBackend
+from sapo.backends import Sample, TransformersBackend
 from sapo.generator import plan_round
 from sapo.models import build_tiny_model
 from sapo.tasks import EASY_PROFILE, TaskStream

@@ -7,8 +7,8 @@ import uuid
 import pytest
 from transformers import PreTrainedTokenizerBase
 
+from sapo.backends import Sample, SamplingConfig
 from sapo.convert import question_from_proto
-from sapo.generation import Sample, SamplingConfig
 from sapo.generator import BatchContext, build_group, plan_round, round_seed, to_completion
 from sapo.tasks import ANSWER_PREFILL, EASY_PROFILE, STOP_STRINGS, TaskStream, render_prompt
 from sapo.v1 import rollout_pb2

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from sapo.generation import TransformersBackend
+from sapo.backends import TransformersBackend
 from sapo.models import build_tiny_model, parse_tiny_ref
 from sapo.v1 import policy_pb2
 from tests.unit.generator.harness import (

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sapo.generator import RoundMode, SharingPolicy
+from sapo.generator import PacingMode, SharingPolicy
 from sapo.models import BUNDLED_REF
 from sapo.settings import ConfigError, load_settings
 from sapo.tasks import EASY_PROFILE
@@ -21,7 +21,7 @@ def test_defaults_follow_the_paper(monkeypatch: pytest.MonkeyPatch) -> None:
     assert s.model == BUNDLED_REF and s.backend is BackendKind.HF
     assert (s.questions_per_round, s.completions_per_question, s.temperature, s.top_p) == (8, 8, 1.0, 1.0)
     assert s.max_new_tokens == 256
-    assert s.sharing is SharingPolicy.ALL and s.round_mode is RoundMode.LOCKSTEP
+    assert s.sharing is SharingPolicy.ALL and s.round_mode is PacingMode.LOCKSTEP
     assert s.task_profile() == EASY_PROFILE
     assert s.pacing().max_ahead == 0
     assert load_settings(GeneratorSettings, round_mode="async").pacing().max_ahead == 1

@@ -19,7 +19,7 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from sapo.generator import encode_prompt, plan_round
+from sapo.generator import plan_round
 from sapo.models import (
     PROJECT_REF_KINDS,
     WarmRecipe,
@@ -43,7 +43,7 @@ from sapo.models.bpe import (
     bpe_tokenizer_dir,
     train_bpe_tokenizer,
 )
-from sapo.models.loading import CACHE_ENV
+from sapo.models.cache import CACHE_ENV
 from sapo.models.warm import RECIPE_VERSION, _cache_name, answer_loss, sft_example, sft_stream
 from sapo.tasks import (
     ANSWER_PREFILL,
@@ -51,6 +51,7 @@ from sapo.tasks import (
     GENERATOR_VERSION,
     SYSTEM_PROMPT,
     TaskStream,
+    encode_prompt,
     render_prompt,
 )
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from sapo.generation import SamplingConfig, TransformersBackend
+from sapo.backends import SamplingConfig, TransformersBackend
 from sapo.models import BUNDLED_REF, bundled_model_dir, load_model, tokenizer_fingerprint
-from sapo.models.loading import bundled_gguf_path
+from sapo.models.bundled import bundled_gguf_path
 
 pytestmark = pytest.mark.slow
 

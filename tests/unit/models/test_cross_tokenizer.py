@@ -13,13 +13,20 @@ import pytest
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from sapo.generation import Sample, SamplingConfig, TransformersBackend
-from sapo.generator import BatchContext, RoundPrompt, build_group, encode_prompt
+from sapo.backends import Sample, SamplingConfig, TransformersBackend
+from sapo.generator import BatchContext, RoundPrompt, build_group
 from sapo.grpo import pack, policy_logprobs
 from sapo.models import load_model, tokenizer_fingerprint
 from sapo.sampler import Scored, Screen, ScreenConfig, SeenGroups, parse
 from sapo.sampler.batch import build_batch
-from sapo.tasks import EASY_PROFILE, STOP_STRINGS, QuestionRecord, TaskStream, render_prompt, score
+from sapo.tasks import (
+    EASY_PROFILE,
+    STOP_STRINGS,
+    QuestionRecord,
+    TaskStream,
+    prompt_ids,
+    score,
+)
 from sapo.trainer import RowMode, SequenceBuilder
 from sapo.v1 import rollout_pb2
 from sapo.wire import now_timestamp
@@ -53,7 +60,7 @@ def generated_group(family: str, node: Node, record: QuestionRecord) -> rollout_
     """What the generator of a `family` node publishes: two sampled completions (random-model text,
     often not even valid UTF-8 pieces) and the two scripted ones, with that node's ids."""
     model, tokenizer = node
-    prompt = RoundPrompt(record, encode_prompt(tokenizer, render_prompt(tokenizer, record)))
+    prompt = RoundPrompt(record, prompt_ids(tokenizer, record))
     sampled = TransformersBackend(model, tokenizer).generate([prompt.prompt_ids], SAMPLING)[0]
     eos = int(tokenizer.eos_token_id)
     scripted = [
@@ -102,7 +109,7 @@ def test_a_peer_of_another_tokenizer_verifies_and_trains_on_the_group(
             batch, current_version=0
         )
         assert not built.skipped and len(built.rows) == len(texts)
-        own_prompt = encode_prompt(receiver_tokenizer, render_prompt(receiver_tokenizer, record))
+        own_prompt = prompt_ids(receiver_tokenizer, record)
         eos = receiver_tokenizer.eos_token_id
         for row, completion in zip(built.rows, group.completions, strict=True):
             assert row.mode is RowMode.ON_POLICY and not row.local

@@ -11,7 +11,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from sapo.models import build_tiny_model, cache_root, load_model
-from sapo.models.loading import materialize_dir
+from sapo.models.cache import materialize_dir
 
 pytestmark = pytest.mark.unit
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from sapo.generation import SamplingConfig, TransformersBackend
-from sapo.generator import encode_prompt, plan_round
+from sapo.backends import SamplingConfig, TransformersBackend
+from sapo.generator import plan_round
 from sapo.models import (
     WarmRecipe,
     build_tiny_model,
@@ -25,9 +25,17 @@ from sapo.models import (
     parse_warm_ref,
     train_warm_model,
 )
-from sapo.models.loading import CACHE_ENV
+from sapo.models.cache import CACHE_ENV
 from sapo.models.warm import DEFAULT_SPEC, DEFAULT_STEPS, WARM_PROFILE, answer_loss, sft_example, sft_stream
-from sapo.tasks import ANSWER_PREFILL, STOP_STRINGS, TaskStream, render_prompt, score
+from sapo.tasks import (
+    ANSWER_PREFILL,
+    STOP_STRINGS,
+    TaskStream,
+    encode_prompt,
+    prompt_ids,
+    render_prompt,
+    score,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -145,7 +153,7 @@ def test_default_recipe_starts_in_the_useful_reward_band(tokenizer: PreTrainedTo
     means = {}
     for split in ("train", "eval"):
         records = TaskStream(WARM_PROFILE, 0, split).take(48)
-        prompts = [encode_prompt(tokenizer, render_prompt(tokenizer, r)) for r in records]
+        prompts = [prompt_ids(tokenizer, r) for r in records]
         groups = backend.generate(prompts, params)
         rewards = [score(r, s.text, prefilled=True) for r, g in zip(records, groups, strict=True) for s in g]
         means[split] = statistics.fmean(rewards)

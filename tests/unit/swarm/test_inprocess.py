@@ -17,8 +17,8 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from sapo.backends import Sample, SamplingConfig, WeightsSource
 from sapo.checkpoints import CheckpointStore, load_weights, read_manifest
-from sapo.generation import Sample, SamplingConfig, WeightsSource
 from sapo.settings import ConfigError
 from sapo.swarm.history import read_rows
 from sapo.swarm.inprocess import InProcessSwarm, NodeRound, node_settings, run_inprocess, shared_backend

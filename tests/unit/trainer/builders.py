@@ -14,10 +14,10 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from sapo.convert import question_from_proto, question_to_proto
-from sapo.generator import encode_prompt
 from sapo.grpo import TrainSample, group_advantages, pack, policy_logprobs
 from sapo.models import build_tiny_model, tokenizer_fingerprint
-from sapo.tasks import EASY_PROFILE, TaskStream, render_prompt
+from sapo.tasks import EASY_PROFILE, TaskStream
+from sapo.tasks import prompt_ids as encoded_prompt
 from sapo.v1 import batch_pb2, question_pb2, rollout_pb2
 from sapo.wire import SCHEMA_VERSION, now_timestamp
 
@@ -43,7 +43,7 @@ def questions(count: int, seed: int = 1, task: str = "basic_arithmetic") -> list
 
 
 def prompt_ids(tokenizer: PreTrainedTokenizerBase, question: question_pb2.Question) -> list[int]:
-    return list(encode_prompt(tokenizer, render_prompt(tokenizer, question_from_proto(question))))
+    return list(encoded_prompt(tokenizer, question_from_proto(question)))
 
 
 def answers(question: question_pb2.Question) -> tuple[str, str]:

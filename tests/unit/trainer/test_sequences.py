@@ -6,11 +6,10 @@ import pytest
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from sapo.backends import SamplingConfig, TransformersBackend
 from sapo.convert import question_from_proto
-from sapo.generation import SamplingConfig, TransformersBackend
-from sapo.generator import encode_prompt
 from sapo.grpo import pack, policy_logprobs
-from sapo.tasks import ANSWER_PREFILL, STOP_STRINGS, render_prompt
+from sapo.tasks import ANSWER_PREFILL, STOP_STRINGS, prompt_ids
 from sapo.trainer import ExternalLogprobs, RowMode, SequenceBuilder
 from sapo.v1 import question_pb2
 from tests.unit.trainer import builders as b
@@ -84,7 +83,7 @@ def test_external_text_is_retokenized_with_our_prompt_and_our_eos(
 
     rows = _builder(tokenizer).build(batch, current_version=5).rows
 
-    expected_prompt = encode_prompt(tokenizer, render_prompt(tokenizer, question_from_proto(question)))
+    expected_prompt = prompt_ids(tokenizer, question_from_proto(question))
     assert rows[0].sample.prompt_ids == expected_prompt  # what our own generator feeds for it
     assert str(tokenizer.decode(list(rows[0].sample.prompt_ids))).endswith(ANSWER_PREFILL)
     eos = tokenizer.eos_token_id

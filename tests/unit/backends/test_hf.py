@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import PreTrainedTokenizerBase
 
-from sapo.generation import GenerationBackend, Sample, SamplingConfig, TransformersBackend
+from sapo.backends import GenerationBackend, Sample, SamplingConfig, TransformersBackend
 from sapo.models import build_tiny_model, load_model
 
 pytestmark = pytest.mark.unit

@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedTokenizerBase
 
-from sapo.generation import GenerationBackend, SamplingConfig, VLLMBackend
-from sapo.generation.vllm import WeightLoaderExtension, derive_seed
+from sapo.backends import GenerationBackend, SamplingConfig, VLLMBackend
+from sapo.backends.vllm import WeightLoaderExtension, derive_seed
 
 pytestmark = pytest.mark.unit
 

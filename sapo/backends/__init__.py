@@ -1,8 +1,8 @@
 """Sampling backends: the interface, the transformers (CPU) backend and the vLLM (GPU) adapter."""
 
-from sapo.generation.base import FinishReason, GenerationBackend, Sample, SamplingConfig, WeightsSource
-from sapo.generation.hf import TransformersBackend
-from sapo.generation.vllm import VLLMBackend
+from sapo.backends.base import FinishReason, GenerationBackend, Sample, SamplingConfig, WeightsSource
+from sapo.backends.hf import TransformersBackend
+from sapo.backends.vllm import VLLMBackend
 
 __all__ = [
     "FinishReason",

@@ -12,7 +12,7 @@ How a batch is laid out and read back:
   which ``generate`` calls right after the sampled token is appended, gathers the chosen token's
   ``log_softmax(logits / T)``. Only one step of full-vocabulary logits is alive at a time (storing them
   all with ``output_logits`` would hold B*L*T*V floats: ~0.8 GB for 8x8 prompts and 64 tokens).
-  See :mod:`sapo.generation.base` for why truncation is not reflected in the logprob.
+  See :mod:`sapo.backends.base` for why truncation is not reflected in the logprob.
 - The same criterion records, per row, the step at which it first produced an EOS token or completed a
   stop string (matched on the generated tokens only, never across the prompt boundary). The completion
   is cut right after that token; everything ``generate`` appended later (padding) is dropped. Rows that
@@ -43,7 +43,7 @@ from transformers import (
     StopStringCriteria,
 )
 
-from sapo.generation.base import Sample, SamplingConfig, WeightsSource, weight_files
+from sapo.backends.base import Sample, SamplingConfig, WeightsSource, weight_files
 from sapo.models.loading import load_model
 
 log = logging.getLogger(__name__)
@@ -148,7 +148,7 @@ def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list
 
 
 class TransformersBackend:
-    """:class:`~sapo.generation.base.GenerationBackend` over a transformers causal LM.
+    """:class:`~sapo.backends.base.GenerationBackend` over a transformers causal LM.
 
     The backend owns ``model``: it puts it in eval mode and replaces its ``generation_config``.
     ``eos_token_ids`` overrides the end-of-sequence ids (default: generation config + tokenizer EOS).

@@ -7,7 +7,7 @@ import os
 import pytest
 from transformers import PreTrainedTokenizerBase
 
-from sapo.generation import TransformersBackend
+from sapo.backends import TransformersBackend
 from sapo.models import build_tiny_model, load_bundled_tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the hub, whatever a test does

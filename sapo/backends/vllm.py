@@ -16,7 +16,7 @@ Mapping:
 - Logprobs: the engine must run with ``logprobs_mode="processed_logprobs"`` (:meth:`from_model_ref`
   sets it): vLLM's default ``raw_logprobs`` ignores the temperature. Processed logprobs are taken after
   temperature *and* after top-k / top-p truncation, while our contract records the tempered full
-  distribution (see :mod:`sapo.generation.base`); the two agree only without truncation, so
+  distribution (see :mod:`sapo.backends.base`); the two agree only without truncation, so
   :meth:`VLLMBackend.generate` rejects ``top_p < 1`` and ``top_k > 0`` instead of recording logprobs the
   trainer would misread.
 - Token ids: ``CompletionOutput.token_ids`` include the EOS token when generation stopped on it, and
@@ -46,10 +46,11 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import PreTrainedTokenizerBase
 
-from sapo.generation.base import FinishReason, Sample, SamplingConfig, WeightsSource, weight_files
-from sapo.models.loading import BUNDLED_REF, bundled_model_dir, ref_kind
+from sapo.backends.base import FinishReason, Sample, SamplingConfig, WeightsSource, weight_files
+from sapo.models.bundled import BUNDLED_REF, bundled_model_dir
+from sapo.models.refs import ref_kind
 
-_EXTENSION = "sapo.generation.vllm.WeightLoaderExtension"
+_EXTENSION = "sapo.backends.vllm.WeightLoaderExtension"
 _RELOAD_METHOD = "sapo_load_weights"
 
 
@@ -107,7 +108,7 @@ def _to_sample(output: Any) -> Sample:
 
 
 class VLLMBackend:
-    """:class:`~sapo.generation.base.GenerationBackend` over an (injected) ``vllm.LLM``-like engine.
+    """:class:`~sapo.backends.base.GenerationBackend` over an (injected) ``vllm.LLM``-like engine.
 
     ``sampling_params`` builds one request's parameters (``vllm.SamplingParams`` in production, any
     callable taking the same keyword arguments in tests).
