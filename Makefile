@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TOOLS_STAMP := .tools/.installed
 
 .DEFAULT_GOAL := help
 
@@ -22,16 +23,24 @@ $(STAMP): pyproject.toml constraints/cpu.txt
 
 setup: $(STAMP) ## Create .venv with the CPU install and dev tools
 
+# helm, promtool and kubernetes-validate: the chart tests need them (scripts/tools.sh says how each
+# is installed; re-running it skips what is there).
+$(TOOLS_STAMP): scripts/tools.sh $(STAMP)
+	PYTHON=$(BIN)/python bash scripts/tools.sh
+	touch $@
+
+tools: $(TOOLS_STAMP) ## Install the chart-test tools (helm, promtool, kubernetes-validate)
+
 swarm: $(STAMP) ## Run a small local swarm end to end on the embedded broker and bundled model
 	$(BIN)/sapo swarm --manifest examples/swarm-small.yaml
 
 experiment: $(STAMP) ## The paper's I/J comparison at CPU scale (4 configurations x 3 seeds; 30-45 min on 2 cores)
 	$(BIN)/sapo experiment --profile cpu --out results/experiment-cpu
 
-test: $(STAMP) ## Run the default test suite (unit + integration against the embedded broker)
+test: $(STAMP) $(TOOLS_STAMP) ## Run the default test suite (unit + integration + chart tests)
 	$(BIN)/pytest
 
-test-slow: $(STAMP) ## Run the slow tests too (bundled 135M model, multi-node runs)
+test-slow: $(STAMP) $(TOOLS_STAMP) ## Run the slow tests too (bundled 135M model, multi-node runs)
 	$(BIN)/pytest -m 'not gpu'
 
 lint: $(STAMP) ## ruff + mypy on our code (generated protobuf excluded)
@@ -45,4 +54,4 @@ proto: $(STAMP) ## Regenerate sapo/v1 from proto/sapo/v1
 bench: $(STAMP) ## Run the benchmarks (ratios against a baseline measured in the same run)
 	for b in bench/bench_*.py; do $(BIN)/python $$b || exit 1; done
 
-.PHONY: help setup swarm experiment test test-slow lint proto bench
+.PHONY: help setup tools swarm experiment test test-slow lint proto bench

@@ -34,15 +34,15 @@ from safetensors.torch import load_file
 from sapo.backends import TransformersBackend
 from sapo.broker import EmbeddedBroker
 from sapo.checkpoints import CheckpointStore, Written, sha256_file
+from sapo.generator.settings import GeneratorSettings
 from sapo.kafka import KafkaPublisher
 from sapo.models import BUNDLED_REF
+from sapo.node.generator import GeneratorService
 from sapo.runtime import start_runtime
 from sapo.settings import ConsumerProfile, KafkaConnection
 from sapo.topics import TopicNames, ensure_topics
 from sapo.v1 import policy_pb2
 from sapo.wire import SCHEMA_VERSION, now_timestamp
-from services.generator.core import build_generator
-from services.generator.settings import GeneratorSettings
 
 NODE = "bench"
 
@@ -116,7 +116,7 @@ def measure(bootstrap: str, root: Path, repeats: int) -> Timings:
     timings = Timings()
     runtime = start_runtime("generator", settings, install_signals=False)
     started = time.perf_counter()
-    core = build_generator(settings, runtime)
+    core = GeneratorService.from_runtime(settings, runtime)
     timings.model_load = time.perf_counter() - started
     backend = core.backend
     assert isinstance(backend, TransformersBackend)
@@ -160,7 +160,7 @@ def main() -> int:
         t = measure(broker.bootstrap, Path(tmp), args.repeats)
         gc.collect()  # close the clients (held in reference cycles) before the broker stops
     print(f"model {BUNDLED_REF} (float32), checkpoint {t.checkpoint_mb:.0f} MB, {args.repeats} versions")
-    print(f"model load at start (build_generator)       {t.model_load:6.1f} s")
+    print(f"model load at start (from_runtime)          {t.model_load:6.1f} s")
     print(f"publish -> weights swapped (median [range]) {summary(t.latency)}")
     print(f"  the follower's load path (metric)         {summary(t.load_path)}")
     print(f"  sha256 of the shards alone                {summary(t.verify)}")

@@ -65,19 +65,17 @@ from sapo.kafka.consumer import Prefilter
 from sapo.lifecycle import StopFlag
 from sapo.sampler import (
     Assembler,
-    AssemblyConfig,
-    Mix,
     RoundMode,
     Scored,
     Screen,
     ScreenConfig,
     SeenGroups,
-    SelectionPolicy,
     VerifyMode,
     header_reason,
     make_assembler,
     parse,
 )
+from sapo.sampler.settings import SamplerSettings
 from sapo.settings import ConsumerProfile
 from sapo.tasks import EASY_PROFILE, TaskStream, score
 from sapo.topics import TopicSpec, ensure_topics
@@ -89,7 +87,7 @@ RECEIVER = "receiver"
 COMPLETIONS = 8
 PROMPT_TOKENS = 200
 COMPLETION_TOKENS = 16
-MIX = Mix(4, 4)
+LOCAL_GROUPS, EXTERNAL_GROUPS = 4, 4
 
 
 Message = tuple[bytes, bytes, list[tuple[str, bytes]]]
@@ -172,16 +170,22 @@ def timed_read(
         loop.close()
 
 
-def screen_config(accepted: frozenset[str] | None, verify: VerifyMode) -> ScreenConfig:
-    return ScreenConfig(
+def settings(accepted: frozenset[str] | None, verify: VerifyMode) -> SamplerSettings:
+    """The receiving sampler: async rounds of I/J 4/4, every group young enough to use."""
+    return SamplerSettings(
         node_id=RECEIVER,
         accepted_tasks=accepted,
-        max_message_bytes=1 << 20,
-        max_external_age_s=3600.0,
-        max_policy_lag=4,
-        signing_key=None,
         verify=verify,
+        round_mode=RoundMode.ASYNC,
+        local_groups=LOCAL_GROUPS,
+        external_groups=EXTERNAL_GROUPS,
+        max_external_age_s=3600.0,
+        max_policy_lag=1_000_000,  # the pre-verified local groups stay usable
     )
+
+
+def screen_config(accepted: frozenset[str] | None, verify: VerifyMode) -> ScreenConfig:
+    return settings(accepted, verify).screen_config()
 
 
 @dataclass
@@ -201,15 +205,7 @@ class Sampler:
     verify_s: float = 0.0
 
     def __post_init__(self) -> None:
-        cfg = AssemblyConfig(
-            mode=RoundMode.ASYNC,
-            mix=MIX,
-            selection=SelectionPolicy.UNIFORM,
-            max_per_source=2,
-            max_pool_groups=4096,
-            max_external_age_s=3600.0,
-            max_policy_lag=1_000_000,  # the pre-verified local groups stay usable
-        )
+        cfg = settings(self.screen.cfg.accepted_tasks, self.screen.cfg.verify).assembly_config()
         self.assembler: Assembler[Record | None] = make_assembler(cfg, verify=self._verify)
 
     def handle(self, record: Record) -> Disposition:
@@ -234,7 +230,7 @@ class Sampler:
             self.verified += 1
 
     def _emit(self, now: float) -> None:
-        while self.assembler.pool.count("local") < MIX.local:
+        while self.assembler.pool.count("local") < LOCAL_GROUPS:
             self.assembler.add(next(self.local), None, now)
         start = time.perf_counter()
         batch = self.assembler.next_batch(now, self.batches)
@@ -309,7 +305,7 @@ def report(rates: dict[str, list[float]], samplers: dict[str, Sampler], messages
     for name in ("eager", "lazy"):
         s = samplers[name]
         print(
-            f"{name} (last pass): {s.batches} batches of I={MIX.local}/J={MIX.external} "
+            f"{name} (last pass): {s.batches} batches of I={LOCAL_GROUPS}/J={EXTERNAL_GROUPS} "
             f"({s.external_picked} external groups); emitting {1000 * s.emit_s / max(1, s.batches):.2f} ms "
             f"per batch, {1e6 * s.emit_s / s.read:.1f} us per message read; of that, {s.verified} "
             f"deferred verifications, {1000 * s.verify_s / max(1, s.verified):.3f} ms per selected group"
@@ -334,7 +330,7 @@ def main() -> None:
 
     started = time.perf_counter()
     messages = build_messages(args.nodes, args.groups_per_node, seed=1)
-    local = build_local(MIX.local * (len(messages) // args.batch_every + 1), seed=2)
+    local = build_local(LOCAL_GROUPS * (len(messages) // args.batch_every + 1), seed=2)
     size = statistics.mean(len(v) for _, v, _ in messages)
     took = time.perf_counter() - started
     print(f"built {len(messages)} groups from {args.nodes} nodes, {size:.0f} B each, in {took:.1f} s")

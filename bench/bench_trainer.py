@@ -29,7 +29,8 @@ from sapo.convert import question_to_proto
 from sapo.grpo import TrainSample, pack, policy_logprobs
 from sapo.models import BUNDLED_REF, load_model, tokenizer_fingerprint
 from sapo.tasks import EASY_PROFILE, TaskStream, prompt_ids
-from sapo.trainer import OptimConfig, Precision, StepConfig, Trainer
+from sapo.trainer import Precision, Trainer
+from sapo.trainer.settings import TrainerSettings
 from sapo.trainer.step import autocast
 from sapo.v1 import batch_pb2, rollout_pb2
 from sapo.wire import SCHEMA_VERSION
@@ -141,6 +142,7 @@ def main() -> None:
     args = parser.parse_args()
     precision: Precision = args.precision
 
+    settings = TrainerSettings(node_id="bench", lr=LR, precision=precision, max_grad_norm=MAX_GRAD_NORM)
     model, tokenizer = load_model(args.model)
     batch = build_batch(model, tokenizer, args.groups, args.completions, args.tokens)
     trainer = Trainer(
@@ -149,8 +151,8 @@ def main() -> None:
         model_ref=args.model,
         node_id="bench",
         store=CheckpointStore(Path(tempfile.mkdtemp(prefix="bench-trainer-"))),
-        optim=OptimConfig(lr=LR),
-        step=StepConfig(precision=precision, max_grad_norm=MAX_GRAD_NORM),
+        optim=settings.optim_config(),
+        step=settings.step_config(),
         max_sequence_tokens=4096,
     )
     rows = [r.sample for r in trainer.builder.build(batch, 0).rows]

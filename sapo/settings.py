@@ -109,7 +109,7 @@ class ConsumerProfile(BaseModel):
     @classmethod
     def local(cls) -> ConsumerProfile:
         """The embedded tansu broker: each group join takes session.timeout/2 and fetches are never
-        woken early (DESIGN §7), so short timeouts keep tests and local swarms responsive."""
+        woken early (docs/architecture.md), so short timeouts keep tests and local swarms responsive."""
         return cls(session_timeout_ms=6000, heartbeat_interval_ms=1000, fetch_wait_max_ms=50)
 
     def to_librdkafka(self) -> dict[str, str]:
@@ -119,6 +119,18 @@ class ConsumerProfile(BaseModel):
             "fetch.wait.max.ms": str(self.fetch_wait_max_ms),
             "max.poll.interval.ms": str(self.max_poll_interval_ms),
         }
+
+
+class RoundSettings(BaseModel):
+    """What the generator and the sampler both know of a round: declared here once, so the two agree."""
+
+    questions_per_round: int = Field(
+        8,
+        ge=1,
+        le=1024,
+        description="B: questions a node generates per round (the generator draws them; a lock-step "
+        "sampler waits for that many local groups of a round).",
+    )
 
 
 class LogFormat(StrEnum):

@@ -1,4 +1,4 @@
-"""Topic names (DESIGN §2) and idempotent topic creation.
+"""Topic names (docs/architecture.md, Topics) and idempotent topic creation.
 
 Names are validated here against Apache Kafka's rules because tansu accepts names Kafka rejects
 (spaces, '!'): a swarm that works locally must not fail on a real cluster over a topic name.
@@ -95,7 +95,7 @@ class TopicNames:
 
     @classmethod
     def for_node(cls, node_id: str, prefix: str = DEFAULT_PREFIX) -> TopicNames:
-        """The DESIGN §2 defaults: `<prefix>.swarm.rollouts` and `<prefix>.node.<id>.{rollouts,...}`."""
+        """The default names: `<prefix>.swarm.rollouts` and `<prefix>.node.<id>.{rollouts,...}`."""
         validate_node_id(node_id)
         if not PREFIX_RE.match(prefix):
             raise ValueError(

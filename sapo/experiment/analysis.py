@@ -2,7 +2,7 @@
 
 Metrics of one run (N nodes, R rounds):
 - `paper_total`: the paper's metric, sum over nodes and steps of each training batch's mean reward,
-  external groups included (DESIGN Appendix B). Filtering alone raises it: every surviving group of
+  external groups included (docs/architecture.md). Filtering alone raises it: every surviving group of
   binary rewards averages >= 1/L.
 - `own_total` / `own_last`: the on-policy reward, each node's mean over every completion it sampled in
   a round (no filter), summed over nodes and rounds / averaged over nodes and the last rounds.

@@ -1,6 +1,6 @@
 """What an experiment runs: a profile (scale) x I/J configurations x seeds, each one swarm manifest.
 
-The paper's comparison (DESIGN §1): every node trains on I local + J external groups per round, with
+The paper's comparison: every node trains on I local + J external groups per round, with
 (I, J) in 8/0, 6/2, 4/4, 2/6, 8 questions x 8 completions, lock-step rounds, GRPO with KL 0. Everything
 but (I, J) is the same across the configurations of one seed, so the configurations differ only in how
 much each node learns from the others.
@@ -15,7 +15,7 @@ Profiles:
 
 All nodes of one run start from the same weights, as in the paper; they differ in their question
 streams and sampling seeds (per-node seeds), and J is sampled from the pool of the other nodes' groups.
-FACTS: with >= 4 nodes and J sampled, identical initial weights do not make the nodes train on the
+Measured: with >= 4 nodes and J sampled, identical initial weights do not make the nodes train on the
 same batches. The experiment seed changes the initial model (`warm:<seed>`), every node's streams
 and the samplers' choices.
 """
@@ -78,7 +78,7 @@ PROFILES: dict[str, ExperimentProfile] = {
         rounds=2000,
         task_profile="paper",
         max_new_tokens=256,
-        # The paper says 1e-3, its reference code uses 1e-6..1e-5 (DESIGN §1); 1e-6 is the code's value.
+        # The paper says 1e-3, its reference code uses 1e-6..1e-5; 1e-6 is the code's value.
         learning_rate=1e-6,
         eval_questions=256,
         eval_samples=8,
@@ -133,7 +133,9 @@ def select(
         if local + external < 1:
             raise ConfigError(f"configuration {local}/{external}: a batch needs at least one group")
     if chosen.nodes < 2:
-        raise ConfigError("an experiment needs at least 2 nodes (4 or more: see FACTS, swarm pitfalls)")
+        raise ConfigError(
+            "an experiment needs at least 2 nodes (4 or more: with 2, both train on the same batches)"
+        )
     return chosen
 
 

@@ -31,7 +31,7 @@ from sapo.experiment.evaluate import Evaluation, evaluate, load_final_policy
 from sapo.experiment.plan import ExperimentProfile, manifest_data, mix_name, run_name
 from sapo.models import load_model
 from sapo.swarm.helm import node_values
-from sapo.swarm.manifest import parse_manifest
+from sapo.swarm.manifest import parse_manifest, resolve
 from sapo.swarm.run import run_local
 
 Mode = Literal["services", "inprocess"]
@@ -84,7 +84,8 @@ def run_one(
     after: dict[str, dict[str, object]] = {}
     versions: dict[str, int] = {}
     for node in manifest.nodes:
-        model, tokenizer, version = load_final_policy(node.model, run_dir / "checkpoints", node.id)
+        model_ref = resolve(manifest, node, run_dir / "checkpoints").trainer.model
+        model, tokenizer, version = load_final_policy(model_ref, run_dir / "checkpoints", node.id)
         after[node.id] = _evaluate(profile, model, tokenizer).as_dict()
         versions[node.id] = version
     result = {

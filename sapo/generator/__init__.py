@@ -1,10 +1,11 @@
 """Pure helpers of the generator service: round pacing, group building and sharing policies.
 
-No Kafka here: `services.generator` wires these to the transport, the model backend and the metrics.
+No Kafka here: `sapo.node.generator` wires these to the transport, the model backend and the metrics.
 - `pacing`: which policy version a round may be generated with (lockstep / async with bounded staleness).
 - `groups`: a round's questions and prompts, RolloutGroups built from sampled completions, and
   `generate_round`, which does the whole round with a backend.
 - `sharing`: which groups go to the swarm topic.
+- `settings`: `GeneratorSettings`, the service's settings (imported from there, not from this package).
 """
 
 from sapo.generator.groups import (

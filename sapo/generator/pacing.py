@@ -1,4 +1,4 @@
-"""Round pacing: which policy version a round may be generated with (DESIGN §4, round modes).
+"""Round pacing: which policy version a round may be generated with (docs/architecture.md, round modes).
 
 Policy version v is the trainer's step count, and the trainer takes one step per round. So:
 

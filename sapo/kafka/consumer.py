@@ -153,6 +153,7 @@ class ConsumerLoop:
         poll_timeout_s: float = 1.0,
     ) -> None:
         self._client = client
+        self._closed = False
         self._topics = list(topics)
         self._handler = handler
         self._stop = stop
@@ -275,7 +276,11 @@ class ConsumerLoop:
         self._metrics.assigned_partitions.set(len(self.assigned))
 
     def close(self) -> None:
-        """Store finished positions and leave the group (the client commits them on close)."""
+        """Store finished positions and leave the group (the client commits them on close). Closing
+        again does nothing, so an owner may close in a `finally` and once more on shutdown."""
+        if self._closed:
+            return
+        self._closed = True
         try:
             self._client.store(self.watermarks.positions())
         finally:

@@ -1,6 +1,6 @@
-"""The sampler's pure core (DESIGN §4): filters, pool, I/J selection, round modes, batch building.
+"""The sampler's pure core: filters, pool, I/J selection, round modes, batch building.
 
-No Kafka here: the service (`services/sampler`) feeds consumed messages in and publishes what comes
+No Kafka here: the service (`sapo.node.sampler`) feeds consumed messages in and publishes what comes
 out. Module map:
 - `screen`: header prefilter, bounded decode, the per-group filter pipeline, rejection reasons,
   eager or lazy (at selection) verification.
@@ -10,10 +10,13 @@ out. Module map:
 - `selection`: fixed / adaptive I/J, per-source quota, uniform / reward-guided choice of J.
 - `assembler`: the round modes lockstep / deadline / async; verifies lazily screened picks.
 - `batch`: the TrainingBatch message and the history a restart recovers from the batch topic.
+- `core`: `SamplerCore`, all of the above for one node without transport (service and in-process).
+- `settings`: `SamplerSettings`, the service's settings (imported from there, not from this package).
 """
 
 from sapo.sampler.assembler import Assembler, Assembly, AssemblyConfig, Discard, RoundMode, make_assembler
 from sapo.sampler.batch import History, HistoryBuilder, batch_id, build_batch
+from sapo.sampler.core import FRESH_REASONS, SamplerCore
 from sapo.sampler.pool import Entry, Pool
 from sapo.sampler.screen import (
     ORIGINS,
@@ -31,6 +34,7 @@ from sapo.sampler.selection import Mix, MixPolicy, SelectionPolicy, pick_externa
 from sapo.sampler.verifier import Verifier
 
 __all__ = [
+    "FRESH_REASONS",
     "ORIGINS",
     "REASONS",
     "Assembler",
@@ -45,6 +49,7 @@ __all__ = [
     "Origin",
     "Pool",
     "RoundMode",
+    "SamplerCore",
     "Scored",
     "Screen",
     "ScreenConfig",

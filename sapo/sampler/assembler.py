@@ -1,4 +1,4 @@
-"""Round modes: when a batch is due and which pooled groups it takes (DESIGN §4).
+"""Round modes: when a batch is due and which pooled groups it takes.
 
 - `lockstep` (the paper): batch r holds the node's own round-r groups and the swarm's round-r groups.
   Round r is due once all `questions_per_round` local round-r groups arrived (or
@@ -67,6 +67,9 @@ class RoundMode(StrEnum):
 
 @dataclass(frozen=True)
 class AssemblyConfig:
+    """What the round modes need to know; built from `SamplerSettings.assembly_config`, where every value
+    is declared."""
+
     mode: RoundMode
     mix: Mix
     selection: SelectionPolicy
@@ -74,12 +77,12 @@ class AssemblyConfig:
     max_pool_groups: int
     max_external_age_s: float
     max_policy_lag: int
-    questions_per_round: int = 8
-    expected_peers: int = 0
-    lockstep_timeout_s: float = 60.0
-    lockstep_local_timeout_s: float = 600.0
-    deadline_s: float = 30.0
-    seed: int = 0
+    questions_per_round: int
+    expected_peers: int
+    lockstep_timeout_s: float
+    lockstep_local_timeout_s: float
+    deadline_s: float
+    seed: int
 
 
 @dataclass(frozen=True)

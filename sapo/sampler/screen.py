@@ -1,4 +1,4 @@
-"""The sampler's filter pipeline (DESIGN §4): what a node trusts of its own and the swarm's groups.
+"""The sampler's filter pipeline: what a node trusts of its own and the swarm's groups.
 
 Steps run cheapest first, so most of a large swarm's traffic is dropped before it costs anything:
 
@@ -117,7 +117,7 @@ class VerifyMode(StrEnum):
 
 @dataclass(frozen=True)
 class ScreenConfig:
-    """What the filters need to know; built from the service settings."""
+    """What the filters need to know; built by `SamplerSettings.screen_config`, which declares every value."""
 
     node_id: str
     accepted_tasks: frozenset[str] | None  # None: every task verify_question can re-derive
@@ -125,9 +125,10 @@ class ScreenConfig:
     max_external_age_s: float
     max_policy_lag: int
     signing_key: bytes | None
-    advantage_scale: AdvantageScale = "std"
-    advantage_eps: float = 1e-4
-    verify: VerifyMode = VerifyMode.EAGER
+    advantage_scale: AdvantageScale
+    advantage_eps: float
+    verify: VerifyMode
+    dedupe_capacity: int
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """A swarm manifest as values of the `deploy/k8s/sapo-node` Helm chart: one values file per node.
 
 The same mapping from the manifest's short keys to each service's settings as the local launcher
-(`sapo.swarm.launcher.service_values`), so a swarm tried on one machine deploys to a cluster with the
+(`sapo.swarm.manifest.service_values`), so a swarm tried on one machine deploys to a cluster with the
 same settings. What the chart owns is left to it: the node id, the topic prefix and the checkpoint
 root (its volume), the HTTP port and the Kafka connection (set those in a values file of your own,
 given to `helm install` before these, e.g. `-f kafka.yaml -f node-1.yaml`).
@@ -12,16 +12,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sapo.swarm.launcher import flatten_env, service_values
-from sapo.swarm.manifest import NodeSpec, SwarmManifest
+from sapo.swarm.launcher import flatten_env
+from sapo.swarm.manifest import NodeSpec, Service, SwarmManifest, resolve, service_values, sharing_peers
 
 CHART_OWNED = frozenset({"MODEL", "CHECKPOINT_ROOT"})
 """Settings the chart sets itself (model: once for generator and trainer; checkpoint root: its volume)."""
 
 
-def _settings(node: NodeSpec, service: str, peers: int) -> dict[str, str]:
+def _settings(node: NodeSpec, service: Service, peers: int) -> dict[str, str]:
     prefix = f"SAPO_{service.upper()}_"
-    env = flatten_env(service, service_values(node, service, Path("/unused"), peers))
+    env = flatten_env(service, service_values(node, service, peers))
     return {
         name.removeprefix(prefix): value
         for name, value in sorted(env.items())
@@ -31,11 +31,11 @@ def _settings(node: NodeSpec, service: str, peers: int) -> dict[str, str]:
 
 def node_values(manifest: SwarmManifest, node: NodeSpec) -> dict[str, Any]:
     """Chart values of one node of the manifest."""
-    peers = sum(1 for n in manifest.nodes if n.id != node.id and n.sharing != "none")
+    peers = sharing_peers(manifest, node)
     generator = _settings(node, "generator", peers)
     values: dict[str, Any] = {
         "nodeId": node.id,
-        "model": node.model,
+        "model": resolve(manifest, node, Path("checkpoints")).generator.model,
         "topicPrefix": manifest.topic_prefix,
         "generator": {"settings": generator},
         "sampler": {"settings": _settings(node, "sampler", peers)},

@@ -6,7 +6,7 @@
     <run_dir>/checkpoints/<node>/    the trainer's checkpoints (the last one is the node's final policy)
 
 `steps` carry the paper's metric: the mean reward of each training batch, external groups included
-(DESIGN Appendix B). `rounds` carry what that metric hides: the mean reward of *every* completion the
+(docs/architecture.md). `rounds` carry what that metric hides: the mean reward of *every* completion the
 node sampled in the round, before any filter, i.e. how good the node's own policy is at that round.
 """
 

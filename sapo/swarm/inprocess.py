@@ -3,19 +3,16 @@
 Same work as `sapo swarm` (`sapo.swarm.run.run_swarm`), done by the same core functions the services
 call, so it serves as the baseline of the pipeline-overhead benchmark and as a quick sweep tool:
 
-- Settings: each node's `GeneratorSettings`, `SamplerSettings` and `TrainerSettings` are built from
-  `sapo.swarm.launcher.service_values` (plus the node id, topic prefix and consumer profile the
-  launcher sets) through `sapo.settings.load_settings`, exactly as the services build theirs. Stray
-  `SAPO_GENERATOR_*` / `SAPO_SAMPLER_*` / `SAPO_TRAINER_*` variables of the calling process therefore
-  act as they would on the services (the launcher hands its environment on): they fill fields the
-  manifest leaves unset, and unknown ones are refused.
-- Per node, one model: `services.trainer.core.build_trainer` loads it, and the sampling backend wraps
+- Settings: each node's `GeneratorSettings`, `SamplerSettings` and `TrainerSettings` are built by
+  `sapo.swarm.manifest.resolve` from the values the launcher hands the services, exactly as the
+  services build theirs (stray `SAPO_<SERVICE>_*` variables of this process act as they would there).
+- Per node, one model: `sapo.node.build.build_trainer` loads it, and the sampling backend wraps
   that very model object (no checkpoint round trip), so round r is sampled with the weights of version
   r, which is what lock-step pacing guarantees the generator service.
-- Per round r: every node generates round r (`sapo.generator.generate_round`); then every node screens
-  its own groups as "local" and the other nodes' shared ones (`services.generator.core.is_shared`) as
-  "external" (`sapo.sampler.Screen`), closes round r with the lock-step `Assembler`, builds the
-  `TrainingBatch` and applies it (`Trainer.apply`).
+- Per round r: every node generates round r (`sapo.generator.generate_round`); then every node's
+  `SamplerCore` (the sampler service's own) admits its own groups as "local" and the other nodes'
+  shared ones (`GeneratorSettings.shares`) as "external", closes round r and builds the
+  `TrainingBatch`, which the node's trainer applies (`Trainer.apply`).
 
 Differences from the services, all deliberate:
 - Lock-step only (ConfigError otherwise): the streaming modes' behaviour is made of arrival timing.
@@ -31,7 +28,7 @@ Differences from the services, all deliberate:
 
 The run record (`sapo.swarm.history`) is the Kafka swarm's: `manifest.json`, `steps/<node>.jsonl` (the
 `StepMetrics` a `PolicyUpdate` would announce, `created_at` = wall clock right after the step) and
-`rounds/<node>.jsonl`, plus `summary.json` (`sapo.swarm.run.summarize`).
+`rounds/<node>.jsonl`, plus `summary.json` (`sapo.swarm.summary.summarize`).
 """
 
 from __future__ import annotations
@@ -51,22 +48,19 @@ from typing import TextIO
 from sapo.backends import GenerationBackend, TransformersBackend
 from sapo.checkpoints import Written
 from sapo.generator import Pacing, RoundSource, generate_round
+from sapo.generator.settings import BackendKind, DType
 from sapo.lifecycle import StopFlag, install_signal_handlers
-from sapo.sampler import Assembler, History, Origin, Screen, SeenGroups, build_batch, make_assembler
-from sapo.settings import ConfigError, ConsumerProfile, load_settings
+from sapo.node.build import build_sampler_core, build_trainer, round_source
+from sapo.sampler import History, Origin, SamplerCore
+from sapo.sampler.settings import SamplerSettings
+from sapo.settings import ConfigError
 from sapo.swarm.history import ROUNDS_DIR, STEPS_DIR, append_row, round_row, step_row
-from sapo.swarm.launcher import service_values
-from sapo.swarm.manifest import NodeSpec, SwarmManifest
+from sapo.swarm.manifest import NodeSettings, NodeSpec, SwarmManifest, resolve
 from sapo.swarm.summary import print_summary, summarize
 from sapo.tasks import TaskStream
 from sapo.trainer import StepReport, Trainer, step_metrics
 from sapo.v1 import batch_pb2, rollout_pb2
-from sapo.wire import InvalidMessageError, now_timestamp, validate_batch
-from services.generator.core import is_shared, round_source
-from services.generator.settings import BackendKind, DType, GeneratorSettings
-from services.sampler.settings import SamplerSettings
-from services.trainer.core import build_trainer
-from services.trainer.settings import TrainerSettings
+from sapo.wire import InvalidMessageError, now_timestamp
 
 log = logging.getLogger(__name__)
 
@@ -79,43 +73,14 @@ def shared_backend(trainer: Trainer) -> GenerationBackend:
     return TransformersBackend(trainer.model, trainer.builder.tokenizer)
 
 
-@dataclass(frozen=True)
-class NodeSettings:
-    """The three services' settings of one node, as the launcher would configure them."""
-
-    generator: GeneratorSettings
-    sampler: SamplerSettings
-    trainer: TrainerSettings
-
-
-def node_settings(manifest: SwarmManifest, node: NodeSpec, run_dir: Path) -> NodeSettings:
-    """Settings from the same values the launcher passes to the services (see the module docstring)."""
-    peers = sum(1 for n in manifest.nodes if n.id != node.id and n.sharing != "none")
-    common: dict[str, object] = {"node_id": node.id, "topic_prefix": manifest.topic_prefix}
-    if manifest.bootstrap is None:  # the launcher's embedded-broker profile (trainer settings check it)
-        common["consumer"] = ConsumerProfile.local().model_dump()
-
-    def values(service: str) -> dict[str, object]:
-        return common | service_values(node, service, run_dir, peers)
-
-    return NodeSettings(
-        generator=load_settings(GeneratorSettings, **values("generator")),
-        sampler=load_settings(SamplerSettings, **values("sampler")),
-        trainer=load_settings(TrainerSettings, **values("trainer")),
-    )
-
-
 def check_inprocess(node: NodeSpec, s: NodeSettings) -> None:
     """Refuse what one shared fp32 model and lock-step rounds cannot reproduce; say what to set."""
-    modes = {
-        "manifest": node.round_mode,
-        "generator": str(s.generator.round_mode),
-        "sampler": str(s.sampler.round_mode),
-    }
+    modes = {"generator": str(s.generator.round_mode), "sampler": str(s.sampler.round_mode)}
     if set(modes.values()) != {"lockstep"}:
         raise ConfigError(
             f"node {node.id}: the in-process mode runs lock-step rounds only (round modes {modes}): set "
-            "round_mode: lockstep and no generator/sampler round_mode override, or run `sapo swarm`"
+            "round_mode: lockstep (or leave it unset) and no generator/sampler round_mode override, or "
+            "run `sapo swarm`"
         )
     g, t = s.generator, s.trainer
     problems = []
@@ -146,45 +111,29 @@ class NodeRound:
 
 
 class LockstepSampler:
-    """One node's sampler without Kafka: `Screen` + lock-step `Assembler` + `build_batch`, wired as
-    `services.sampler.core.SamplerCore` wires them (fresh history; handles are unused)."""
+    """One node's sampler without Kafka: the services' `SamplerCore` (fresh history, no handles), fed
+    groups directly and closed round by round."""
 
     def __init__(self, settings: SamplerSettings, history: History | None = None) -> None:
-        history = history or History()
         self.settings = settings
-        self.sequence = history.next_sequence
-        seen = SeenGroups(settings.dedupe_capacity, history.used_group_ids)
-        self.screen = Screen(settings.screen_config(), seen, on_arrival=self._arrived)
-        self.assembler: Assembler[None] = make_assembler(
-            settings.assembly_config(), history.next_round, self.screen.verify
-        )
+        self.core: SamplerCore[None] = build_sampler_core(settings, history or History())
         self.rejected: Counter[str] = Counter()
 
-    def _arrived(self, group: rollout_pb2.RolloutGroup, origin: Origin, now_s: float) -> None:
-        self.assembler.arrived(group, origin, now_s)
-
     def offer(self, group: rollout_pb2.RolloutGroup, origin: Origin, now_s: float) -> None:
-        """Screen and pool one group (the service's `_admit`); rejections are counted by reason."""
+        """Screen and pool one group; rejections are counted by reason."""
         try:
-            verdict = self.screen.check(group, origin, now_s, self.sequence)
+            reason = self.core.admit(group, origin, None, now_s)
         except InvalidMessageError as exc:  # the service dead-letters it
-            self.rejected[exc.reason] += 1
-            return
-        if isinstance(verdict, str):
-            self.rejected[verdict] += 1
-            return
-        refusal = self.assembler.add(verdict, None, now_s)
-        if refusal is None:
-            self.screen.seen.add(group.group_id)
-        else:
-            self.rejected[refusal] += 1
+            reason = exc.reason
+        if reason is not None:
+            self.rejected[reason] += 1
 
     def close_round(self, now_s: float) -> tuple[batch_pb2.TrainingBatch, float]:
         """The next lock-step batch and the timeout wait the service would have had before it."""
         cfg = self.settings
         peers, local = cfg.lockstep_timeout_s, cfg.lockstep_local_timeout_s
         for wait in sorted({0.0, peers, local, local + peers}):
-            assembly = self.assembler.next_batch(now_s + wait, self.sequence)
+            assembly = self.core.next_batch(now_s + wait)
             if assembly is not None:
                 break
         else:
@@ -192,20 +141,10 @@ class LockstepSampler:
                 f"{cfg.node_id}: the lock-step sampler closed no round: none of its own groups of the "
                 "round arrived; the services would stall here too"
             )
-        for discard in self.assembler.take_discards():
+        for discard in self.core.take_discards():
             self.rejected[discard.reason] += 1
-        batch = build_batch(
-            cfg.node_id,
-            self.sequence,
-            [e.scored for e in assembly.entries],
-            [],
-            round_=assembly.round,
-            created_at=now_timestamp(),
-        )
-        problem = validate_batch(batch)
-        if problem is not None:
-            raise RuntimeError(f"assembled an invalid batch {batch.batch_id}: {problem}")
-        self.sequence += 1
+        batch = self.core.build(assembly, [], now_timestamp())
+        self.core.emitted()
         return batch, wait
 
 
@@ -233,7 +172,7 @@ class Node:
         return generate_round(self.backend, self.stream, self.source, round_, version).groups
 
     def shared(self, groups: list[rollout_pb2.RolloutGroup]) -> list[rollout_pb2.RolloutGroup]:
-        return [g for g in groups if is_shared(self.settings.generator, g)]
+        return [g for g in groups if self.settings.generator.shares(g)]
 
 
 class InProcessSwarm:
@@ -246,7 +185,7 @@ class InProcessSwarm:
         self.manifest = manifest
         self.run_dir = run_dir
         self._make_backend = make_backend
-        self.settings = {n.id: node_settings(manifest, n, run_dir) for n in manifest.nodes}
+        self.settings = {n.id: resolve(manifest, n, run_dir / "checkpoints") for n in manifest.nodes}
         for node in manifest.nodes:
             check_inprocess(node, self.settings[node.id])
         self.nodes: list[Node] = []

@@ -22,12 +22,12 @@ from typing import Any
 
 from sapo.broker import EmbeddedBroker
 from sapo.settings import ConsumerProfile
-from sapo.swarm.manifest import NodeSpec, SwarmManifest
+from sapo.swarm.manifest import NodeSpec, Service, SwarmManifest, resolve, service_values, sharing_peers
 from sapo.swarm.recorder import SwarmRecorder
 from sapo.topics import TopicNames, ensure_topics
 
-SERVICES = ("trainer", "sampler", "generator")
-STOP_ORDER = ("generator", "sampler", "trainer")
+START_ORDER: tuple[Service, ...] = ("trainer", "sampler", "generator")
+STOP_ORDER: tuple[Service, ...] = ("generator", "sampler", "trainer")
 STOP_GRACE_S = 60.0
 
 
@@ -68,42 +68,6 @@ def flatten_env(service: str, values: Mapping[str, Any], prefix: str = "") -> di
     return env
 
 
-def service_values(node: NodeSpec, service: str, run_dir: Path, peers: int = 0) -> dict[str, Any]:
-    """The settings one service of a node runs with: the manifest's short keys mapped onto the
-    service's own field names, then the node's raw per-service settings on top. `peers` is how many
-    other nodes publish to the swarm (a lock-step sampler waits for their groups)."""
-    checkpoints = str(run_dir / "checkpoints")
-    mapped: dict[str, dict[str, Any]] = {
-        "generator": {
-            "model": node.model,
-            "node_seed": node.seed,
-            "profile": node.profile,
-            "questions_per_round": node.questions_per_round,
-            "completions_per_question": node.completions_per_question,
-            "sharing": node.sharing,
-            "round_mode": "lockstep" if node.round_mode == "lockstep" else "async",
-            "rounds": node.rounds,
-            "max_new_tokens": node.max_new_tokens,
-        },
-        "sampler": {
-            "local_groups": node.local_groups,
-            "external_groups": node.external_groups,
-            "round_mode": node.round_mode,
-            "questions_per_round": node.questions_per_round,
-            "expected_peers": peers,
-            "seed": node.seed,
-        },
-        "trainer": {
-            "model": node.model,
-            "lr": node.learning_rate,
-            "checkpoint_root": checkpoints,
-            "seed": node.seed,
-        },
-    }
-    raw: dict[str, Any] = getattr(node, service)
-    return mapped[service] | raw
-
-
 @dataclass
 class Swarm:
     manifest: SwarmManifest
@@ -112,6 +76,10 @@ class Swarm:
     broker: EmbeddedBroker | None = None
     bootstrap: str = ""
     recorder: SwarmRecorder | None = None
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.run_dir / "checkpoints"
 
     def start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -132,17 +100,20 @@ class Swarm:
             [t.rollouts for t in names],
             self.run_dir,
             group=f"{self.manifest.name}.recorder",
-            questions_per_round={n.id: n.questions_per_round for n in self.manifest.nodes},
+            questions_per_round={
+                n.id: resolve(self.manifest, n, self.checkpoints).generator.questions_per_round
+                for n in self.manifest.nodes
+            },
         )
         for node in self.manifest.nodes:
-            for service in SERVICES:
+            for service in START_ORDER:
                 self.processes.append(self._spawn(node, service))
 
     def _consumer_config(self) -> dict[str, str]:
         profile = ConsumerProfile.local() if self.broker is not None else ConsumerProfile()
         return {"bootstrap.servers": self.bootstrap} | profile.to_librdkafka()
 
-    def _common_env(self, node: NodeSpec, service: str, port_file: Path) -> dict[str, str]:
+    def _common_env(self, node: NodeSpec, service: Service, port_file: Path) -> dict[str, str]:
         values: dict[str, Any] = {
             "node_id": node.id,
             "kafka": {"bootstrap_servers": self.bootstrap, "client_id": f"{node.id}-{service}"},
@@ -156,13 +127,15 @@ class Swarm:
             values["consumer"] = ConsumerProfile.local().model_dump()
         return flatten_env(service, values)
 
-    def _spawn(self, node: NodeSpec, service: str) -> ServiceProcess:
+    def _spawn(self, node: NodeSpec, service: Service) -> ServiceProcess:
         port_file = self.run_dir / "ports" / f"{node.id}-{service}"
         port_file.unlink(missing_ok=True)
         env = dict(os.environ)
         env |= self._common_env(node, service, port_file)
-        peers = sum(1 for n in self.manifest.nodes if n.id != node.id and n.sharing != "none")
-        env |= flatten_env(service, service_values(node, service, self.run_dir, peers))
+        values = service_values(node, service, sharing_peers(self.manifest, node))
+        if service == "trainer":
+            values["checkpoint_root"] = str(self.checkpoints)
+        env |= flatten_env(service, values)
         env["PYTHONUNBUFFERED"] = "1"
         # Many processes share few cores: torch's default thread pool per process oversubscribes them.
         env.setdefault("OMP_NUM_THREADS", "1")

@@ -1,70 +1,99 @@
-"""The swarm manifest: which nodes run, with which model, task profile, I/J mix, sharing and pacing.
+"""The swarm manifest: which nodes run, and each node's settings, in a few short keys.
 
 A manifest is YAML (or JSON). `defaults` apply to every node; each node may override any key. The
-short keys below are what people set; `generator`, `sampler` and `trainer` hold raw settings of one
-service (field names of that service's settings class) for everything else.
+short keys (`SHORT_KEYS`) are what people set; each maps onto one or more fields of the services'
+settings classes, which declare every bound and default: a short key left unset takes the service's
+default. `generator`, `sampler` and `trainer` hold raw settings of one service (field names of that
+service's settings class) for everything else.
 
     name: small
     defaults: {model: "bundled:smollm2-135m-instruct", profile: easy, local_groups: 2, external_groups: 2}
     nodes:
-      - {id: node-a, seed: 1}
-      - {id: node-b, seed: 2, model: "tiny:7"}
+      - {id: node-a, seed: 1, rounds: 5}
+      - {id: node-b, seed: 2, rounds: 5, model: "tiny:7"}
+
+A manifest is checked whole when it is read: every node's three settings are built (`resolve`), so a
+bad value fails before anything starts, naming the node and the key.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from sapo.settings import ConfigError
+from sapo.generator.pacing import PacingMode
+from sapo.generator.settings import GeneratorSettings
+from sapo.sampler.assembler import RoundMode
+from sapo.sampler.settings import SamplerSettings
+from sapo.settings import ConfigError, ConsumerProfile, ServiceSettings, load_settings
 from sapo.topics import NODE_ID_PATTERN
+from sapo.trainer.settings import TrainerSettings
+
+Service = Literal["generator", "sampler", "trainer"]
+SERVICES: Final[tuple[Service, ...]] = ("generator", "sampler", "trainer")
+SETTINGS: Final[dict[Service, type[ServiceSettings]]] = {
+    "generator": GeneratorSettings,
+    "sampler": SamplerSettings,
+    "trainer": TrainerSettings,
+}
+
+SHORT_KEYS: Final[dict[str, tuple[tuple[Service, str], ...]]] = {
+    "model": (("generator", "model"), ("trainer", "model")),
+    "seed": (("generator", "node_seed"), ("sampler", "seed"), ("trainer", "seed")),
+    "profile": (("generator", "profile"),),
+    "questions_per_round": (("generator", "questions_per_round"), ("sampler", "questions_per_round")),
+    "completions_per_question": (("generator", "completions_per_question"),),
+    "local_groups": (("sampler", "local_groups"),),
+    "external_groups": (("sampler", "external_groups"),),
+    "sharing": (("generator", "sharing"),),
+    "round_mode": (("sampler", "round_mode"), ("generator", "round_mode")),
+    "rounds": (("generator", "rounds"),),
+    "max_new_tokens": (("generator", "max_new_tokens"),),
+    "learning_rate": (("trainer", "lr"),),
+}
+"""Each short key and the settings fields it sets (a key shared by two services keeps them in step)."""
+
+
+def _doc(key: str) -> str:
+    service, field = SHORT_KEYS[key][0]
+    description = SETTINGS[service].model_fields[field].description or ""
+    return f"{description} (sets {', '.join(f'{s}.{f}' for s, f in SHORT_KEYS[key])}; unset = their default)"
 
 
 class NodeSpec(BaseModel):
-    """One node after defaults were applied."""
+    """One node after defaults were applied. Short keys hold only what the manifest says (None = the
+    services' defaults); their bounds are the settings classes', checked by `resolve`."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     id: str = Field(..., pattern=NODE_ID_PATTERN, description="Node id (lowercase letters, digits, '-').")
-    seed: int = Field(0, ge=0, description="Seeds the node's question stream and sampling.")
-    model: str = Field(
-        "bundled:smollm2-135m-instruct",
-        description=(
-            "Model ref: bundled:, tiny:<seed>, warm:<seed>, tiny-bpe:<seed>, warm-bpe:<seed> (the project's "
-            "BPE tokenizer), HF id or path."
-        ),
+    rounds: int = Field(
+        ..., gt=0, description="Rounds the node runs: a local swarm ends when every node has trained them."
     )
-    profile: str = Field("easy", description="Task profile name (easy, paper) or path of a profile file.")
-    questions_per_round: int = Field(8, ge=1, le=1024, description="B: questions generated per round.")
-    completions_per_question: int = Field(8, ge=2, le=256, description="L: completions per question.")
-    local_groups: int = Field(4, ge=0, le=1024, description="I: local groups per training batch.")
-    external_groups: int = Field(4, ge=0, le=1024, description="J: external groups per training batch.")
-    sharing: Literal["all", "none", "fraction", "variance"] = Field(
-        "all", description="What the node shares."
+    model: str | None = Field(None, description=_doc("model"))
+    seed: int | None = Field(None, description=_doc("seed"))
+    profile: str | None = Field(None, description=_doc("profile"))
+    questions_per_round: int | None = Field(None, description=_doc("questions_per_round"))
+    completions_per_question: int | None = Field(None, description=_doc("completions_per_question"))
+    local_groups: int | None = Field(None, description=_doc("local_groups"))
+    external_groups: int | None = Field(None, description=_doc("external_groups"))
+    sharing: str | None = Field(None, description=_doc("sharing"))
+    round_mode: RoundMode | None = Field(
+        None, description=_doc("round_mode") + "; the generator paces lockstep, or async for the others"
     )
-    round_mode: Literal["lockstep", "deadline", "async"] = Field("lockstep", description="Round pacing.")
-    rounds: int = Field(5, ge=1, le=1_000_000, description="Rounds to run.")
-    max_new_tokens: int = Field(48, ge=1, le=8192, description="Longest completion, in tokens.")
-    learning_rate: float = Field(
-        1e-5, gt=0, le=1.0, description="AdamW learning rate (paper ambiguity: 1e-3 vs 1e-6..1e-5)."
-    )
+    max_new_tokens: int | None = Field(None, description=_doc("max_new_tokens"))
+    learning_rate: float | None = Field(None, description=_doc("learning_rate"))
     generator: dict[str, Any] = Field(default_factory=dict, description="Raw generator settings.")
     sampler: dict[str, Any] = Field(default_factory=dict, description="Raw sampler settings.")
     trainer: dict[str, Any] = Field(default_factory=dict, description="Raw trainer settings.")
 
-    @model_validator(mode="after")
-    def _check_mix(self) -> NodeSpec:
-        if self.local_groups + self.external_groups < 1:
-            raise ValueError(f"node {self.id}: local_groups + external_groups must be >= 1")
-        if self.local_groups > self.questions_per_round:
-            raise ValueError(
-                f"node {self.id}: local_groups ({self.local_groups}) cannot exceed questions_per_round "
-                f"({self.questions_per_round}): a round has only that many local groups"
-            )
-        return self
+    def raw(self, service: Service) -> dict[str, Any]:
+        raw: dict[str, Any] = getattr(self, service)
+        return raw
 
 
 class SwarmManifest(BaseModel):
@@ -86,14 +115,80 @@ class SwarmManifest(BaseModel):
         return self
 
 
+def service_values(node: NodeSpec, service: Service, peers: int) -> dict[str, Any]:
+    """The settings one service of a node runs with, as field values: the short keys the manifest
+    sets, mapped onto the service's fields, then the node's raw settings of that service on top.
+    `peers` is how many other nodes publish to the swarm (a lock-step sampler waits for them)."""
+    values: dict[str, Any] = {}
+    for key, targets in SHORT_KEYS.items():
+        value = getattr(node, key)
+        for target_service, field in targets:
+            if value is None or target_service != service:
+                continue
+            if key == "round_mode" and service == "generator":
+                value = PacingMode.LOCKSTEP if value == RoundMode.LOCKSTEP else PacingMode.ASYNC
+            values[field] = value
+    if service == "sampler":
+        values["expected_peers"] = peers
+    return values | node.raw(service)
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """The three services' settings of one node, as the services will build them."""
+
+    generator: GeneratorSettings
+    sampler: SamplerSettings
+    trainer: TrainerSettings
+
+
+def sharing_peers(manifest: SwarmManifest, node: NodeSpec) -> int:
+    """How many other nodes of the manifest publish to the swarm topic."""
+    return sum(1 for n in manifest.nodes if n.id != node.id and n.sharing != "none")
+
+
+def resolve(manifest: SwarmManifest, node: NodeSpec, checkpoint_root: Path) -> NodeSettings:
+    """The node's settings from the same values the launcher hands its services, plus what the launcher
+    sets (node id, topic prefix, the embedded broker's consumer profile). Through `load_settings`,
+    exactly as the services build theirs: stray `SAPO_<SERVICE>_*` variables of this process act as
+    they would on the services (the launcher hands its environment on)."""
+    common: dict[str, Any] = {"node_id": node.id, "topic_prefix": manifest.topic_prefix}
+    if manifest.bootstrap is None:  # the launcher's embedded-broker profile (trainer settings check it)
+        common["consumer"] = ConsumerProfile.local().model_dump()
+    peers = sharing_peers(manifest, node)
+
+    def values(service: Service) -> dict[str, Any]:
+        extra = {"checkpoint_root": str(checkpoint_root)} if service == "trainer" else {}
+        return common | extra | service_values(node, service, peers)
+
+    return NodeSettings(
+        generator=load_settings(GeneratorSettings, **values("generator")),
+        sampler=load_settings(SamplerSettings, **values("sampler")),
+        trainer=load_settings(TrainerSettings, **values("trainer")),
+    )
+
+
 def _merge(defaults: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
     merged = dict(defaults)
     for key, value in node.items():
-        if key in ("generator", "sampler", "trainer") and isinstance(value, dict):
+        if key in SERVICES and isinstance(value, dict):
             merged[key] = {**defaults.get(key, {}), **value}
         else:
             merged[key] = value
     return merged
+
+
+def _check_settings(manifest: SwarmManifest) -> None:
+    """Build every node's settings once, so a bad value fails here, named by node and manifest key."""
+    for node in manifest.nodes:
+        try:
+            resolve(manifest, node, Path("checkpoints"))
+        except ConfigError as exc:
+            keys = {f"{s.upper()}_{f.upper()}": k for k, targets in SHORT_KEYS.items() for s, f in targets}
+            message = str(exc)
+            for env, key in keys.items():
+                message = message.replace(f"SAPO_{env}:", f"SAPO_{env} (manifest key {key}):")
+            raise ConfigError(f"swarm manifest, node {node.id}: {message}") from None
 
 
 def parse_manifest(data: dict[str, Any]) -> SwarmManifest:
@@ -104,13 +199,15 @@ def parse_manifest(data: dict[str, Any]) -> SwarmManifest:
     body = {k: v for k, v in data.items() if k != "defaults"}
     body["nodes"] = [_merge(defaults, n) for n in data["nodes"]]
     try:
-        return SwarmManifest(**body)
+        manifest = SwarmManifest(**body)
     except ValidationError as exc:
         lines = ["invalid swarm manifest:"]
         for err in exc.errors():
             where = ".".join(str(p) for p in err["loc"])
             lines.append(f"  {where}: {err['msg']}")
         raise ConfigError("\n".join(lines)) from None
+    _check_settings(manifest)
+    return manifest
 
 
 def load_manifest(path: Path) -> SwarmManifest:

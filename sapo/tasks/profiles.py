@@ -1,7 +1,8 @@
 """Task profiles: which reasoning-gym datasets a node trains on, with what weight and configuration.
 
-A profile is a tuple of `TaskSpec`s. Two are built in: `paper` (DESIGN Appendix A, the public reference
-configuration) and `easy` (settings where the bundled SmolLM2-135M gets non-zero reward, FACTS.md).
+A profile is a tuple of `TaskSpec`s. Two are built in: `paper` (the nine tasks and parameters of the
+paper's public reference configuration) and `easy` (settings where the bundled SmolLM2-135M gets
+non-zero reward, measured).
 Operators can supply their own as a plain mapping, validated here so that every error names the bad key
 and says what to set.
 """
@@ -113,7 +114,7 @@ PAPER_PROFILE: Profile = (
     _PROPOSITIONAL_LOGIC,
 )
 
-# Calendar: short offsets and the weekday/leap-year/count sub-tasks (FACTS: 0.35-0.39 at easy settings
+# Calendar: short offsets and the weekday/leap-year/count sub-tasks (measured: 0.35-0.39 at easy settings
 # vs 0.19 at paper settings); count_days gives dense partial credit. Propositional logic keeps the paper
 # settings because the 135M model scored higher there (0.34) than at the easiest ones (0.11-0.16).
 # Fractions: small plain fractions whose partial credit gives many groups signal; factor >= 2 so the

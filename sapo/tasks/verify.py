@@ -1,6 +1,6 @@
 """Re-deriving a question from its provenance, so a receiver never trusts a sender's answer.
 
-A sampler calls `verify_question` on every external group (DESIGN section 4): the question is rebuilt
+A sampler calls `verify_question` on every external group (docs/architecture.md): the question is rebuilt
 from (dataset, config_json, seed, index) and must match the sender's text, answer and metadata exactly.
 Rejections are short, bounded reason labels, safe to use as metric labels.
 """

@@ -6,7 +6,7 @@ nothing to train (no groups: a lock-step round without signal, or only failed co
 optimizer step but still advances the version, so a round-based sampler waiting for it can move on.
 Version = number of batches applied (0 = the initial weights).
 
-Delivery semantics, with the service loop around it (`services.trainer.core`):
+Delivery semantics, with the service loop around it (`sapo.node.trainer`):
 
 - Input is at-least-once: a batch may be delivered again after a crash or a rebalance.
 - The effect is exactly-once. A checkpoint holds the weights and, in `trainer_state.pt`, the optimizer,

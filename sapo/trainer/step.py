@@ -43,7 +43,6 @@ import torch
 from torch import Tensor, nn
 
 from sapo.grpo import (
-    DEFAULT_LOSS_CONFIG,
     LossConfig,
     LossMetrics,
     PackedBatch,
@@ -63,21 +62,14 @@ Precision = Literal["fp32", "bf16"]
 class StepConfig:
     """micro_batch_tokens: padded tokens (rows x longest row) per forward pass; bounds activation
     memory. steps_per_batch: optimizer steps on the same batch. precision: "bf16" runs forward and
-    backward under bf16 autocast, parameters and optimizer state stay fp32."""
+    backward under bf16 autocast, parameters and optimizer state stay fp32. Built by
+    `TrainerSettings.step_config`, which declares and bounds every value."""
 
-    loss: LossConfig = DEFAULT_LOSS_CONFIG
-    micro_batch_tokens: int = 4096
-    steps_per_batch: int = 1
-    max_grad_norm: float = 1.0
-    precision: Precision = "fp32"
-
-    def __post_init__(self) -> None:
-        if self.micro_batch_tokens < 1:
-            raise ValueError(f"micro_batch_tokens must be >= 1; got {self.micro_batch_tokens}")
-        if self.steps_per_batch < 1:
-            raise ValueError(f"steps_per_batch must be >= 1; got {self.steps_per_batch}")
-        if self.max_grad_norm < 0:
-            raise ValueError(f"max_grad_norm must be >= 0 (0 = no clipping); got {self.max_grad_norm}")
+    loss: LossConfig
+    micro_batch_tokens: int
+    steps_per_batch: int
+    max_grad_norm: float
+    precision: Precision
 
 
 @dataclass(frozen=True)

@@ -1,30 +1,15 @@
-"""`sapo-sampler`: settings -> runtime -> recovery -> consume and emit until SIGTERM -> close in reverse."""
+"""`sapo-sampler`: one node's sampler (settings: `SAPO_SAMPLER_*`, see `sapo.sampler.settings`)."""
 
 from __future__ import annotations
 
-import sys
-
-from sapo.runtime import start_runtime
-from sapo.settings import load_settings
-from services.sampler.core import SERVICE, build_core
-from services.sampler.settings import SamplerSettings
+from sapo.node.sampler import SamplerService
+from sapo.runtime import serve
+from sapo.sampler.settings import SamplerSettings
 
 
 def main() -> int:
-    settings = load_settings(SamplerSettings)
-    runtime = start_runtime(SERVICE, settings)
-    try:
-        core = build_core(runtime, settings)
-        if core is None:  # stopped while recovering: nothing was consumed
-            return 0
-        try:
-            core.run()
-        finally:
-            core.close()
-    finally:
-        runtime.close()
-    return 0
+    return serve("sampler", SamplerSettings, SamplerService.from_runtime)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -8,8 +8,6 @@ Monitoring objects and Strimzi topics are in test_monitoring.py; helpers in helm
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import os
 import re
 from pathlib import Path
@@ -18,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from sapo.swarm.manifest import SETTINGS
 from tests.deploy.helm import (
     CHART,
     CI_VALUES,
@@ -236,29 +235,13 @@ def test_common_env_on_every_service(scenario: Path) -> None:
         assert len(names) == len(set(names)), "duplicate env names"
 
 
-def settings_class(service: str) -> type[Any]:
-    """The service's settings class (a ServiceSettings subclass in services/<service>/settings.py)."""
-    from sapo.settings import ServiceSettings
-
-    try:
-        module = importlib.import_module(f"services.{service}.settings")
-    except ModuleNotFoundError:
-        pytest.skip(f"services/{service}/settings.py does not exist yet: env contract unchecked")
-    (cls,) = [
-        c
-        for _, c in inspect.getmembers(module, inspect.isclass)
-        if issubclass(c, ServiceSettings) and c is not ServiceSettings and c.__module__ == module.__name__
-    ]
-    return cls
-
-
 @pytest.mark.parametrize("service", SERVICES)
 def test_rendered_env_is_accepted_by_the_service_settings(
     scenario: Path, service: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every SAPO_<SERVICE>_* variable the chart sets is a real, valid setting of that service:
     a misspelt top-level name would otherwise be silently ignored by pydantic-settings."""
-    cls = settings_class(service)
+    cls = SETTINGS[service]
     prefix = f"SAPO_{service.upper()}_"
     env = env_of(deployment(render(scenario), service))
     own = {v["name"].removeprefix(prefix): v for v in env if v["name"].startswith(prefix)}

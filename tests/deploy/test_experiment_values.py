@@ -11,8 +11,8 @@ import yaml
 
 from sapo.experiment.plan import PROFILES
 from sapo.experiment.runner import write_plan
+from sapo.swarm.manifest import SETTINGS
 from tests.deploy.helm import SERVICES, container, deployment, env_of, render
-from tests.deploy.test_chart import settings_class
 
 pytestmark = pytest.mark.unit
 
@@ -56,4 +56,4 @@ def test_node_values_render_and_every_setting_is_accepted(
         monkeypatch.delenv(name)
     for name, value in env.items():
         monkeypatch.setenv(prefix + name, value)
-    settings_class(service)()  # raises ValidationError naming a bad variable
+    SETTINGS[service]()  # raises ValidationError naming a bad variable

@@ -15,14 +15,14 @@ from typing import Any, Self
 from prometheus_client import CollectorRegistry
 
 from sapo import wire
+from sapo.generator.settings import GeneratorSettings
 from sapo.kafka import ConsumerLoop, Disposition, KafkaPublisher, Record, TransportMetrics
 from sapo.lifecycle import StopFlag
+from sapo.node.generator import GeneratorService
 from sapo.runtime import Runtime, start_runtime
 from sapo.settings import ConsumerProfile, KafkaConnection
 from sapo.topics import TopicNames, ensure_topics
 from sapo.v1 import rollout_pb2
-from services.generator.core import GeneratorCore, build_generator
-from services.generator.settings import GeneratorSettings
 from tests.integration.kafka_helpers import consumer
 
 
@@ -54,14 +54,14 @@ def create_node_topics(bootstrap: str, prefix: str, *node_ids: str) -> None:
 
 
 class ThreadedGenerator:
-    """`build_generator` on a real Runtime (ops server included, no signal handlers), run in a thread."""
+    """`GeneratorService.from_runtime` on a real Runtime (ops server, no signal handlers), in a thread."""
 
     def __init__(self, settings: GeneratorSettings) -> None:
         root = logging.getLogger()
         handlers, level = root.handlers[:], root.level
         self.runtime: Runtime = start_runtime("generator", settings, install_signals=False)
         root.handlers[:], root.level = handlers, level  # keep pytest's log capture
-        self.core: GeneratorCore = build_generator(settings, self.runtime)
+        self.core = GeneratorService.from_runtime(settings, self.runtime)
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="generator", daemon=True)
 

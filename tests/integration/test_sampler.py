@@ -19,15 +19,15 @@ from prometheus_client import CollectorRegistry
 
 from sapo.kafka import DeadLetters, KafkaPublisher, Record, TransportMetrics
 from sapo.lifecycle import StopFlag
+from sapo.node.metrics import SamplerMetrics
+from sapo.node.recovery import read_history
+from sapo.node.sampler import SamplerService
 from sapo.ops import Health, OpsServer
 from sapo.sampler import VerifyMode
+from sapo.sampler.settings import SamplerSettings
 from sapo.settings import ConsumerProfile
 from sapo.topics import TopicNames, ensure_topics
 from sapo.v1 import batch_pb2, rollout_pb2
-from services.sampler.core import SamplerCore
-from services.sampler.metrics import SamplerMetrics
-from services.sampler.recovery import read_history
-from services.sampler.settings import SamplerSettings
 from tests.integration.kafka_helpers import consumer
 from tests.unit.sampler.builders import encoded, questions, real_group
 
@@ -84,8 +84,8 @@ def right_text(bg: batch_pb2.BatchGroup) -> str:
 
 def _in_process_core(
     bootstrap: str, topics: TopicNames, settings: SamplerSettings
-) -> tuple[SamplerCore, CollectorRegistry, Health, KafkaPublisher]:
-    """The core wired as `build_core` wires it, minus the process-wide runtime (signals, logging)."""
+) -> tuple[SamplerService, CollectorRegistry, Health, KafkaPublisher]:
+    """Wired as `SamplerService.from_runtime` wires it, minus the process-wide runtime (signals, logs)."""
     registry = CollectorRegistry()
     transport = TransportMetrics(registry, "sampler")
     publisher = KafkaPublisher({"bootstrap.servers": bootstrap}, transport)
@@ -102,7 +102,7 @@ def _in_process_core(
         beat=health.beat,
     )
     assert history is not None
-    core = SamplerCore(
+    core = SamplerService(
         settings,
         topics,
         history=history,

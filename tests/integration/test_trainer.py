@@ -15,11 +15,11 @@ import torch
 
 from sapo.checkpoints import CheckpointStore, load_extra, load_weights, read_manifest
 from sapo.models import load_bundled_tokenizer
+from sapo.node.trainer import TrainerService
 from sapo.runtime import start_runtime
 from sapo.settings import ConsumerProfile, KafkaConnection
 from sapo.trainer import TRAINER_STATE
-from services.trainer.core import TrainerService
-from services.trainer.settings import TrainerSettings
+from sapo.trainer.settings import TrainerSettings
 from tests.integration import trainer_support as ts
 from tests.unit.trainer import builders as b
 
@@ -50,7 +50,6 @@ def test_batches_through_the_broker_raise_rewarded_and_lower_penalised_completio
     runtime = start_runtime("trainer", settings, install_signals=False)
     try:
         service = TrainerService.from_runtime(settings, runtime)
-        service.start()
         readiness: set[tuple[str, ...]] = set()
 
         def done() -> bool:

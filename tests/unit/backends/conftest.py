@@ -1,22 +1,12 @@
-"""Fixtures for backend tests: the bundled tokenizer once per session, a fresh tiny model per test."""
+"""Fixtures for backend tests: a fresh tiny model per test and chat prompts of different lengths."""
 
 from __future__ import annotations
-
-import os
 
 import pytest
 from transformers import PreTrainedTokenizerBase
 
 from sapo.backends import TransformersBackend
-from sapo.models import build_tiny_model, load_bundled_tokenizer
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the hub, whatever a test does
-
-
-@pytest.fixture(scope="session")
-def tokenizer() -> PreTrainedTokenizerBase:
-    """The bundled SmolLM2 tokenizer (extracted from the GGUF on the very first run, then cached)."""
-    return load_bundled_tokenizer()
+from sapo.models import build_tiny_model
 
 
 @pytest.fixture

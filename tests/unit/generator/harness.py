@@ -13,17 +13,18 @@ from transformers import PreTrainedTokenizerBase
 
 from sapo.backends import GenerationBackend, Sample, SamplingConfig, WeightsSource
 from sapo.checkpoints import CheckpointStore, Written
+from sapo.generator.settings import GeneratorSettings
 from sapo.kafka import DeadLetters, Publisher, TransportMetrics
 from sapo.kafka.memory import MemoryBus, MemoryConsumerClient, MemoryPublisher
 from sapo.lifecycle import StopFlag
+from sapo.node.build import model_shapes
+from sapo.node.generator import GeneratorService
+from sapo.node.metrics import GeneratorMetrics
+from sapo.node.policy import PolicyFollower
 from sapo.ops import Health
 from sapo.topics import TopicNames
 from sapo.v1 import policy_pb2
 from sapo.wire import SCHEMA_VERSION, now_timestamp
-from services.generator.core import GeneratorCore, model_shapes
-from services.generator.metrics import GeneratorMetrics
-from services.generator.policy import PolicyFollower
-from services.generator.settings import GeneratorSettings
 
 Script = Callable[[Sequence[int], int], Sample]
 
@@ -75,9 +76,9 @@ def settings(**overrides: Any) -> GeneratorSettings:
 
 @dataclass
 class MemoryGenerator:
-    """A GeneratorCore over the in-memory transport, with everything a test inspects."""
+    """A GeneratorService over the in-memory transport, with everything a test inspects."""
 
-    core: GeneratorCore
+    core: GeneratorService
     follower: PolicyFollower
     bus: MemoryBus
     topics: TopicNames
@@ -114,7 +115,7 @@ def memory_generator(
         shapes=model_shapes(backend),
         poll_timeout_s=0.0,
     )
-    core = GeneratorCore(
+    core = GeneratorService(
         config,
         backend,
         follower,

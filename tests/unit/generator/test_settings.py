@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from sapo.generator import PacingMode, SharingPolicy
+from sapo.generator.settings import BackendKind, GeneratorSettings
 from sapo.models import BUNDLED_REF
 from sapo.settings import ConfigError, load_settings
 from sapo.tasks import EASY_PROFILE
-from services.generator.settings import BackendKind, GeneratorSettings
 
 pytestmark = pytest.mark.unit
 

@@ -17,7 +17,7 @@ from sapo.backends import Sample, SamplingConfig, TransformersBackend
 from sapo.generator import BatchContext, RoundPrompt, build_group
 from sapo.grpo import pack, policy_logprobs
 from sapo.models import load_model, tokenizer_fingerprint
-from sapo.sampler import Scored, Screen, ScreenConfig, SeenGroups, parse
+from sapo.sampler import Scored, Screen, SeenGroups, parse
 from sapo.sampler.batch import build_batch
 from sapo.tasks import (
     EASY_PROFILE,
@@ -30,6 +30,7 @@ from sapo.tasks import (
 from sapo.trainer import RowMode, SequenceBuilder
 from sapo.v1 import rollout_pb2
 from sapo.wire import now_timestamp
+from tests.unit.sampler.builders import screen_config
 
 pytestmark = pytest.mark.unit
 
@@ -75,14 +76,7 @@ def generated_group(family: str, node: Node, record: QuestionRecord) -> rollout_
 
 def received(group: rollout_pb2.RolloutGroup, receiver: str) -> Scored:
     """The group through the receiver's sampler screen: decoded, re-derived, re-scored."""
-    cfg = ScreenConfig(
-        node_id=f"receiver-{receiver}",
-        accepted_tasks=None,
-        max_message_bytes=1 << 20,
-        max_external_age_s=600.0,
-        max_policy_lag=2,
-        signing_key=None,
-    )
+    cfg = screen_config(f"receiver-{receiver}", max_external_age_s=600.0, max_policy_lag=2)
     checked = Screen(cfg, SeenGroups(100)).check(
         parse(group.SerializeToString(), 1 << 20), "external", time.time(), 0
     )

@@ -3,6 +3,7 @@ right answer or a wrong one, so the receiver's verifier gives rewards with varia
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import Sequence
@@ -10,14 +11,25 @@ from collections.abc import Sequence
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from sapo.convert import question_to_proto
-from sapo.sampler import Scored
+from sapo.sampler import AssemblyConfig, Scored, ScreenConfig
 from sapo.sampler.screen import Origin
+from sapo.sampler.settings import SamplerSettings
 from sapo.tasks import EASY_PROFILE, QuestionRecord, Split, TaskStream
 from sapo.v1 import rollout_pb2
 from sapo.wire import SCHEMA_VERSION, rollout_headers
 from tests.factories import make_group
 
 WRONG = "definitely not it</answer>"
+
+
+def screen_config(node_id: str, **overrides: object) -> ScreenConfig:
+    """The screen config of a sampler with default settings, with some values replaced."""
+    return dataclasses.replace(SamplerSettings(node_id=node_id).screen_config(), **overrides)  # type: ignore[arg-type]
+
+
+def assembly_config(**overrides: object) -> AssemblyConfig:
+    """The assembly config of a sampler with default settings, with some values replaced."""
+    return dataclasses.replace(SamplerSettings(node_id="node-0").assembly_config(), **overrides)  # type: ignore[arg-type]
 
 
 def questions(node_seed: int, count: int, split: Split = "train") -> list[QuestionRecord]:

@@ -8,7 +8,7 @@ import pytest
 
 from sapo.sampler import Assembler, AssemblyConfig, Mix, RoundMode, SelectionPolicy, make_assembler
 from sapo.sampler.assembler import LOCKSTEP_WINDOW
-from tests.unit.sampler.builders import scored
+from tests.unit.sampler.builders import assembly_config, scored
 
 pytestmark = pytest.mark.unit
 
@@ -30,7 +30,7 @@ def _config(mode: RoundMode, **overrides: object) -> AssemblyConfig:
         "lockstep_local_timeout_s": 100.0,
         "deadline_s": 5.0,
     }
-    return AssemblyConfig(**(base | overrides))  # type: ignore[arg-type]
+    return assembly_config(**(base | overrides))
 
 
 class Feed:

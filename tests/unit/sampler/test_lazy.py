@@ -13,13 +13,11 @@ import pytest
 
 from sapo.sampler import (
     Assembler,
-    AssemblyConfig,
     Entry,
     Mix,
     RoundMode,
     Scored,
     Screen,
-    ScreenConfig,
     SeenGroups,
     SelectionPolicy,
     VerifyMode,
@@ -28,7 +26,7 @@ from sapo.sampler import (
 )
 from sapo.v1 import rollout_pb2
 from sapo.wire import InvalidMessageError
-from tests.unit.sampler.builders import questions, real_group, scored
+from tests.unit.sampler.builders import assembly_config, questions, real_group, scored, screen_config
 
 pytestmark = pytest.mark.unit
 
@@ -38,15 +36,7 @@ T0 = time.time()
 
 
 def _screen(verify: VerifyMode = VerifyMode.LAZY) -> Screen:
-    cfg = ScreenConfig(
-        node_id=NODE,
-        accepted_tasks=None,
-        max_message_bytes=1 << 20,
-        max_external_age_s=600.0,
-        max_policy_lag=4,
-        signing_key=None,
-        verify=verify,
-    )
+    cfg = screen_config(NODE, max_external_age_s=600.0, max_policy_lag=4, verify=verify)
     return Screen(cfg, SeenGroups(1000))
 
 
@@ -63,7 +53,7 @@ def _assembler(screen: Screen, mode: RoundMode, mix: Mix, **overrides: object) -
         "expected_peers": 2,
         "deadline_s": 5.0,
     }
-    return make_assembler(AssemblyConfig(**(base | overrides)), verify=screen.verify)  # type: ignore[arg-type]
+    return make_assembler(assembly_config(**(base | overrides)), verify=screen.verify)
 
 
 def _tampered(index: int, peer: str, round_: int = 0) -> rollout_pb2.RolloutGroup:
@@ -206,7 +196,9 @@ def test_lockstep_replans_the_round_after_rejected_picks() -> None:
 def test_unverified_groups_need_an_assembler_that_verifies() -> None:
     pending = _screen().check(real_group(RECORDS[0], "peer-1"), "external", T0, 0)
     assert isinstance(pending, Scored)
-    cfg = AssemblyConfig(RoundMode.ASYNC, Mix(1, 1), SelectionPolicy.UNIFORM, 1, 8, 600.0, 4)
+    cfg = assembly_config(
+        mode=RoundMode.ASYNC, mix=Mix(1, 1), max_per_source=1, max_pool_groups=8, max_external_age_s=600.0
+    )
     assembler: Assembler[str] = make_assembler(cfg)
     with pytest.raises(ValueError, match="verify"):
         assembler.add(pending, "h", T0)

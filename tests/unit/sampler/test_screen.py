@@ -13,7 +13,7 @@ from sapo.sampler import REASONS, Scored, Screen, ScreenConfig, SeenGroups, head
 from sapo.sampler.screen import ArrivalHook
 from sapo.v1 import rollout_pb2
 from sapo.wire import H_NODE, H_SCHEMA, H_TASK, InvalidMessageError
-from tests.unit.sampler.builders import WRONG, encoded, questions, real_group, right
+from tests.unit.sampler.builders import WRONG, encoded, questions, real_group, right, screen_config
 
 pytestmark = pytest.mark.unit
 
@@ -22,15 +22,8 @@ KEY = b"swarm-key"
 
 
 def _cfg(**overrides: object) -> ScreenConfig:
-    base: dict[str, object] = {
-        "node_id": NODE,
-        "accepted_tasks": None,
-        "max_message_bytes": 1 << 20,
-        "max_external_age_s": 600.0,
-        "max_policy_lag": 2,
-        "signing_key": None,
-    }
-    return ScreenConfig(**(base | overrides))  # type: ignore[arg-type]
+    base: dict[str, object] = {"max_message_bytes": 1 << 20, "max_external_age_s": 600.0, "max_policy_lag": 2}
+    return screen_config(NODE, **(base | overrides))
 
 
 def _screen(on_arrival: ArrivalHook | None = None, **overrides: object) -> Screen:

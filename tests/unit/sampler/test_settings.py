@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from sapo.sampler import MixPolicy, RoundMode, SelectionPolicy, VerifyMode
+from sapo.sampler.settings import SamplerSettings
 from sapo.settings import ConfigError, load_settings
-from services.sampler.settings import SamplerSettings
 
 pytestmark = pytest.mark.unit
 

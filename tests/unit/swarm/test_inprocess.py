@@ -21,8 +21,8 @@ from sapo.backends import Sample, SamplingConfig, WeightsSource
 from sapo.checkpoints import CheckpointStore, load_weights, read_manifest
 from sapo.settings import ConfigError
 from sapo.swarm.history import read_rows
-from sapo.swarm.inprocess import InProcessSwarm, NodeRound, node_settings, run_inprocess, shared_backend
-from sapo.swarm.manifest import SwarmManifest, parse_manifest
+from sapo.swarm.inprocess import InProcessSwarm, NodeRound, run_inprocess, shared_backend
+from sapo.swarm.manifest import SwarmManifest, parse_manifest, resolve
 from sapo.tasks import TaskStream, get_profile
 from sapo.trainer import Trainer
 from sapo.v1 import batch_pb2
@@ -236,11 +236,11 @@ def test_what_one_shared_model_in_lock_step_cannot_run_is_refused(
 def test_settings_are_the_services_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     m = manifest()
     monkeypatch.setenv("SAPO_SAMPLER_MAX_PER_SOURCE", "1")  # as the launcher hands its environment on
-    s = node_settings(m, m.nodes[0], tmp_path)
+    s = resolve(m, m.nodes[0], tmp_path / "checkpoints")
     assert (s.generator.node_id, s.generator.node_seed, s.generator.questions_per_round) == ("node-a", 1, B)
     assert s.sampler.expected_peers == 1  # node-b; node-c shares nothing
     assert s.sampler.max_per_source == 1
     assert s.trainer.checkpoint_root == tmp_path / "checkpoints"
     monkeypatch.setenv("SAPO_SAMPLER_MAX_PER_SOURSE", "1")
     with pytest.raises(ConfigError, match="unknown setting"):
-        node_settings(m, m.nodes[0], tmp_path)
+        resolve(m, m.nodes[0], tmp_path / "checkpoints")

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from sapo.settings import ConfigError
-from sapo.swarm.launcher import flatten_env, service_values
-from sapo.swarm.manifest import load_manifest, parse_manifest
+from sapo.swarm.launcher import flatten_env
+from sapo.swarm.manifest import load_manifest, parse_manifest, resolve, service_values
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[3]
@@ -20,19 +20,20 @@ def test_defaults_apply_and_nodes_override() -> None:
             "name": "t",
             "defaults": {
                 "model": "tiny:1",
+                "rounds": 3,
                 "local_groups": 2,
                 "external_groups": 2,
-                "trainer": {"dtype": "bf16"},
+                "trainer": {"precision": "fp32"},
             },
             "nodes": [
                 {"id": "a", "seed": 1},
-                {"id": "b", "seed": 2, "model": "tiny:2", "trainer": {"lr_warmup": 3}},
+                {"id": "b", "seed": 2, "model": "tiny:2", "trainer": {"warmup_steps": 3}},
             ],
         }
     )
     a, b = manifest.nodes
     assert (a.model, b.model) == ("tiny:1", "tiny:2")
-    assert b.trainer == {"dtype": "bf16", "lr_warmup": 3}
+    assert b.trainer == {"precision": "fp32", "warmup_steps": 3}
 
 
 @pytest.mark.parametrize(
@@ -40,14 +41,27 @@ def test_defaults_apply_and_nodes_override() -> None:
     [
         ([{"id": "a"}, {"id": "a"}], "repeated: a"),
         ([{"id": "Bad Node"}], "nodes.0.id"),
-        ([{"id": "a", "local_groups": 0, "external_groups": 0}], "local_groups \\+ external_groups"),
-        ([{"id": "a", "questions_per_round": 2, "local_groups": 4}], "cannot exceed questions_per_round"),
+        ([{"id": "a", "rounds": None}], "nodes.0.rounds"),
+        ([{"id": "a", "local_groups": 0, "external_groups": 0}], "SAPO_SAMPLER_LOCAL_GROUPS"),
+        ([{"id": "a", "questions_per_round": 2, "local_groups": 4}], "LOCAL_GROUPS <= SAPO_SAMPLER_QUEST"),
+        ([{"id": "a", "local_groups": 999}], "(?s)node a: .*LOCAL_GROUPS \\(manifest key local_groups\\)"),
+        ([{"id": "a", "sampler": {"lokal_groups": 1}}], "(?i)lokal_groups"),
         ([{"id": "a", "typo_key": 1}], "typo_key"),
     ],
 )
 def test_errors_say_what_to_fix(nodes: list[dict[str, object]], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        parse_manifest({"nodes": nodes})
+        parse_manifest({"defaults": {"rounds": 2}, "nodes": nodes})
+
+
+def test_unset_short_keys_take_the_services_defaults(tmp_path: Path) -> None:
+    manifest = parse_manifest({"nodes": [{"id": "a", "rounds": 2}, {"id": "b", "rounds": 2, "seed": 5}]})
+    a, b = (resolve(manifest, n, tmp_path) for n in manifest.nodes)
+    assert a.generator.max_new_tokens == 256 and a.sampler.local_groups == 4  # the settings' defaults
+    assert a.generator.effective_node_seed != b.generator.effective_node_seed
+    assert (b.generator.node_seed, b.sampler.seed, b.trainer.seed) == (5, 5, 5)
+    assert a.sampler.expected_peers == 1
+    assert a.generator.rounds == 2
 
 
 def test_env_mapping_flattens_nested_settings(tmp_path: Path) -> None:
@@ -57,8 +71,10 @@ def test_env_mapping_flattens_nested_settings(tmp_path: Path) -> None:
         "SAPO_SAMPLER_LOCAL_GROUPS": "3",
         "SAPO_SAMPLER_FLAG": "true",
     }
-    node = parse_manifest({"nodes": [{"id": "a", "sampler": {"local_groups": 1}}]}).nodes[0]
-    assert service_values(node, "sampler", tmp_path)["local_groups"] == 1
+    node = parse_manifest({"nodes": [{"id": "a", "rounds": 1, "sampler": {"local_groups": 1}}]}).nodes[0]
+    assert service_values(node, "sampler", 0)["local_groups"] == 1
+    deadline = parse_manifest({"nodes": [{"id": "a", "rounds": 1, "round_mode": "deadline"}]}).nodes[0]
+    assert service_values(deadline, "generator", 0)["round_mode"] == "async"
 
 
 def test_example_manifests_parse() -> None:

@@ -7,6 +7,7 @@ first ratio is 1). External groups carry only text, as a peer with another token
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Sequence
 
@@ -18,6 +19,8 @@ from sapo.grpo import TrainSample, group_advantages, pack, policy_logprobs
 from sapo.models import build_tiny_model, tokenizer_fingerprint
 from sapo.tasks import EASY_PROFILE, TaskStream
 from sapo.tasks import prompt_ids as encoded_prompt
+from sapo.trainer import OptimConfig, StepConfig
+from sapo.trainer.settings import TrainerSettings
 from sapo.v1 import batch_pb2, question_pb2, rollout_pb2
 from sapo.wire import SCHEMA_VERSION, now_timestamp
 
@@ -26,6 +29,16 @@ LENGTH = rollout_pb2.FINISH_REASON_LENGTH
 ERROR = rollout_pb2.FINISH_REASON_ERROR
 LOCAL = batch_pb2.GROUP_SOURCE_LOCAL
 EXTERNAL = batch_pb2.GROUP_SOURCE_EXTERNAL
+
+
+def optim_config(**overrides: object) -> OptimConfig:
+    """The optimizer config of a trainer with default settings, with some values replaced."""
+    return dataclasses.replace(TrainerSettings(node_id="node-a").optim_config(), **overrides)  # type: ignore[arg-type]
+
+
+def step_config(**overrides: object) -> StepConfig:
+    """The step config of a trainer with default settings, with some values replaced."""
+    return dataclasses.replace(TrainerSettings(node_id="node-a").step_config(), **overrides)  # type: ignore[arg-type]
 
 
 def tiny(tokenizer: PreTrainedTokenizerBase, seed: int = 0) -> PreTrainedModel:

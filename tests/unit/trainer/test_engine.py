@@ -10,10 +10,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from sapo.checkpoints import CheckpointError, CheckpointStore
 from sapo.trainer import (
-    OptimConfig,
     RowMode,
     SequenceBuilder,
-    StepConfig,
     Trainer,
     lr_factor,
     plan_micro_batches,
@@ -39,8 +37,8 @@ def _trainer(
         model_ref="tiny:0",
         node_id="node-a",
         store=CheckpointStore(root),
-        optim=OptimConfig(lr=lr, warmup_steps=2),
-        step=StepConfig(steps_per_batch=steps_per_batch),
+        optim=b.optim_config(lr=lr, warmup_steps=2),
+        step=b.step_config(steps_per_batch=steps_per_batch),
         max_sequence_tokens=512,
     )
 
@@ -162,7 +160,7 @@ def test_micro_batches_accumulate_exactly_the_whole_batch_gradient(
         sgd = torch.optim.SGD(model.parameters(), lr=1.0)
         schedule = torch.optim.lr_scheduler.LambdaLR(sgd, lambda step: 1.0)
         micro = plan_micro_batches(rows, pad_token_id=0, max_tokens=budget)
-        stats = train_on_batch(model, sgd, schedule, micro, StepConfig(max_grad_norm=0))
+        stats = train_on_batch(model, sgd, schedule, micro, b.step_config(max_grad_norm=0))
         deltas = [b_ - p.detach() for b_, p in zip(before, model.parameters(), strict=True)]
         results.append((len(micro), stats, deltas))
     (n_whole, whole, grads), (n_split, split, split_grads) = results
@@ -185,8 +183,8 @@ def test_gradient_checkpointing_gives_the_same_update(
             model_ref="tiny:0",
             node_id="node-a",
             store=CheckpointStore(tmp_path / str(checkpointing)),
-            optim=OptimConfig(lr=1e-2),
-            step=StepConfig(),
+            optim=b.optim_config(lr=1e-2),
+            step=b.step_config(),
             max_sequence_tokens=512,
             gradient_checkpointing=checkpointing,
         )
@@ -236,12 +234,10 @@ def test_stale_local_rows_get_truncated_importance_weights(
 
 
 def test_learning_rate_schedule_warms_up_then_holds_or_decays() -> None:
-    constant = OptimConfig(lr=1.0, warmup_steps=4)
+    constant = b.optim_config(lr=1.0, warmup_steps=4)
     assert [lr_factor(s, constant) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
-    cosine = OptimConfig(lr=1.0, warmup_steps=2, schedule="cosine", total_steps=6, min_lr_ratio=0.1)
+    cosine = b.optim_config(lr=1.0, warmup_steps=2, schedule="cosine", total_steps=6, min_lr_ratio=0.1)
     factors = [lr_factor(s, cosine) for s in range(8)]
     assert factors[:3] == pytest.approx([0.5, 1.0, 1.0])
     assert factors[4] == pytest.approx(0.55)
     assert factors[6:] == pytest.approx([0.1, 0.1])
-    with pytest.raises(ValueError, match="total_steps"):
-        OptimConfig(schedule="cosine", warmup_steps=5, total_steps=5)

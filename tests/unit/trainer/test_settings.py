@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sapo.settings import ConfigError, load_settings
-from services.trainer.settings import TrainerSettings
+from sapo.trainer.settings import TrainerSettings
 
 pytestmark = pytest.mark.unit
 

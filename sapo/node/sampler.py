@@ -1,4 +1,4 @@
-"""The sampler service core: two consumer loops, the filter pipeline, the pool and batch publishing.
+"""The sampler service: two consumer loops around the pure `SamplerCore`, and batch publishing.
 
 Delivery semantics (at-least-once in; batch ids out exactly once):
 - Input: the node's rollout topic (LOCAL) and the swarm topic (EXTERNAL, possibly on another
@@ -11,7 +11,7 @@ Delivery semantics (at-least-once in; batch ids out exactly once):
   committed only up to the lowest unfinished one (Watermarks), so a crash re-delivers every pooled
   group and every group of a batch that was not yet acknowledged.
 - Idempotency keys: the group id on the way in, the batch id `<node_id>/<sequence>` on the way out.
-  On start the batch topic is read to its end (`recovery.py`) before anything is consumed: the
+  On start the batch topic is read to its end (`sapo.node.recovery`) before anything is consumed: the
   sequence continues after the last batch, and groups already in a batch seed the dedupe set, so
   their re-delivery is rejected as "duplicate". A SIGKILL at any moment therefore neither loses nor
   repeats a batch, and no group lands in two batches.
@@ -30,33 +30,21 @@ import functools
 import logging
 import time
 from collections.abc import Callable
+from typing import Self
 
 from sapo.kafka import ConsumerClient, ConsumerLoop, DeadLetters, Disposition, Publisher, Record
 from sapo.kafka import TransportMetrics as Transport
 from sapo.kafka.records import TopicPartition
 from sapo.lifecycle import StopFlag
+from sapo.node.build import build_sampler_core
+from sapo.node.metrics import SamplerMetrics
+from sapo.node.recovery import read_history
 from sapo.ops import Health
-from sapo.sampler import (
-    ORIGINS,
-    Assembler,
-    Assembly,
-    History,
-    Origin,
-    Scored,
-    Screen,
-    SeenGroups,
-    build_batch,
-    header_reason,
-    make_assembler,
-    parse,
-)
 from sapo.runtime import Runtime
+from sapo.sampler import ORIGINS, Assembly, History, Origin, SamplerCore, Scored, header_reason, parse
+from sapo.sampler.settings import SamplerSettings
 from sapo.topics import TopicNames
-from sapo.v1 import rollout_pb2
-from sapo.wire import InvalidMessageError, message_headers, now_timestamp, validate_batch
-from services.sampler.metrics import SamplerMetrics
-from services.sampler.recovery import read_history
-from services.sampler.settings import SamplerSettings
+from sapo.wire import InvalidMessageError, message_headers, now_timestamp
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +53,10 @@ IDLE_WAIT_S = 0.02
 """Pause of a step in which neither stream had a record (polls are non-blocking so that one busy
 stream is never slowed down by waiting on the other)."""
 PUBLISH_TIMEOUT_S = 30.0
-FRESH_REASONS = frozenset({"no_signal", "too_few_completions"})
-"""Verdicts on a fresh group's content (as opposed to duplicates, stale or foreign groups)."""
 
 
-class SamplerCore:
-    """Drives both streams, the pipeline and the assembler; see the module docstring."""
+class SamplerService:
+    """Drives both streams into the core and publishes its batches; see the module docstring."""
 
     def __init__(
         self,
@@ -97,12 +83,7 @@ class SamplerCore:
         self._clock = clock
         self._transport = transport
         self._dead_letters = dead_letters
-        self.sequence = history.next_sequence
-        seen = SeenGroups(settings.dedupe_capacity, history.used_group_ids)
-        self.screen = Screen(settings.screen_config(), seen, on_arrival=self._arrived)
-        self.assembler: Assembler[Record] = make_assembler(
-            settings.assembly_config(), history.next_round, self.screen.verify
-        )
+        self.core: SamplerCore[Record] = build_sampler_core(settings, history)
 
         def loop(client: ConsumerClient, topic: str, origin: Origin) -> ConsumerLoop:
             return ConsumerLoop(
@@ -121,6 +102,45 @@ class SamplerCore:
         self.local = loop(local_client, topics.rollouts, "local")
         self.swarm = loop(swarm_client, topics.swarm_rollouts, "external")
 
+    @classmethod
+    def from_runtime(cls, settings: SamplerSettings, runtime: Runtime) -> Self | None:
+        """Recover the history from the batch topic, then wire the service; None if stopped meanwhile."""
+        runtime.health.require("partitions_assigned", "recovered")
+        history = read_history(
+            runtime.consumer("sampler-recovery", per_process=True),
+            runtime.topics.batches,
+            settings.node_id,
+            max_bytes=settings.max_message_bytes * (settings.local_groups + settings.external_groups),
+            idle_s=settings.recovery_idle_s,
+            timeout_s=settings.recovery_timeout_s,
+            stop=runtime.stop,
+            beat=runtime.health.beat,
+        )
+        if history is None:
+            return None
+        runtime.health.set("recovered", True)
+        shortfall = settings.external_shortfall()
+        if shortfall is not None:
+            log.warning("%s", shortfall)
+        return cls(
+            settings,
+            runtime.topics,
+            history=history,
+            publisher=runtime.publisher,
+            local_client=runtime.consumer("sampler"),
+            swarm_client=runtime.consumer("sampler-swarm", swarm=True),
+            metrics=SamplerMetrics(runtime.registry),
+            transport=runtime.transport,
+            health=runtime.health,
+            stop=runtime.stop,
+            dead_letters=runtime.dead_letters,
+        )
+
+    @property
+    def sequence(self) -> int:
+        """The next batch's sequence."""
+        return self.core.sequence
+
     def run(self) -> None:
         """Consume and emit until the stop flag is set."""
         self.local.open()
@@ -137,7 +157,7 @@ class SamplerCore:
         self._health.beat()
         self._health.set("partitions_assigned", bool(self.local.assigned) and bool(self.swarm.assigned))
         for origin in ORIGINS:
-            self._metrics.pool.labels(origin).set(self.assembler.pool.count(origin))
+            self._metrics.pool.labels(origin).set(self.core.assembler.pool.count(origin))
         if not got:
             self._stop.wait(IDLE_WAIT_S)
         return got
@@ -151,14 +171,15 @@ class SamplerCore:
 
     def _prefilter(self, origin: Origin, record: Record) -> str | None:
         self._metrics.consumed.labels(origin).inc()
-        reason = header_reason(record.headers, record.value, origin, self.screen.cfg)
+        reason = header_reason(record.headers, record.value, origin, self.core.screen.cfg)
         if reason is not None:
             self._metrics.rejected.labels(reason).inc()
         return reason
 
     def _handle(self, origin: Origin, record: Record) -> Disposition:
         try:
-            reason = self._admit(origin, record)
+            group = parse(record.value, self._settings.max_message_bytes)
+            reason = self.core.admit(group, origin, record, self._clock())
         except InvalidMessageError as exc:  # counted here; the loop dead-letters and finishes it
             self._metrics.rejected.labels(exc.reason).inc()
             raise
@@ -167,41 +188,15 @@ class SamplerCore:
             return Disposition.DONE
         return Disposition.HELD
 
-    def _admit(self, origin: Origin, record: Record) -> str | None:
-        """Screen and pool one group; the reason it was not pooled, or None."""
-        group = parse(record.value, self._settings.max_message_bytes)
-        now = self._clock()
-        verdict = self.screen.check(group, origin, now, self.sequence)
-        if isinstance(verdict, Scored) or verdict in FRESH_REASONS:
-            self.assembler.screened(origin)
-        if isinstance(verdict, str):
-            return verdict
-        refusal = self.assembler.add(verdict, record, now)
-        if refusal is None:
-            self.screen.seen.add(group.group_id)
-        return refusal
-
-    def _arrived(self, group: rollout_pb2.RolloutGroup, origin: Origin, now_s: float) -> None:
-        self.assembler.arrived(group, origin, now_s)
-
     def _emit_due(self) -> None:
-        while (assembly := self.assembler.next_batch(self._clock(), self.sequence)) is not None:
+        while (assembly := self.core.next_batch(self._clock())) is not None:
             self._publish(assembly)
 
     def _publish(self, assembly: Assembly[Record]) -> None:
         node = self._settings.node_id
         entries = assembly.entries
-        batch = build_batch(
-            node,
-            self.sequence,
-            [e.scored for e in entries],
-            [(e.handle.topic, e.handle.partition, e.handle.offset) for e in entries],
-            round_=assembly.round,
-            created_at=now_timestamp(),
-        )
-        problem = validate_batch(batch)
-        if problem is not None:  # a bug here, never bad input: refuse to hand the trainer garbage
-            raise RuntimeError(f"assembled an invalid batch {batch.batch_id}: {problem}")
+        positions = [(e.handle.topic, e.handle.partition, e.handle.offset) for e in entries]
+        batch = self.core.build(assembly, positions, now_timestamp())
         value = batch.SerializeToString()
         headers = message_headers("TrainingBatch", node, value)
         key = batch.batch_id.encode()
@@ -216,7 +211,7 @@ class SamplerCore:
             len(assembly.external),
             batch.round,
         )
-        self.sequence += 1
+        self.core.emitted()
 
     def _observe_batch(self, assembly: Assembly[Record], groups: list[Scored]) -> None:
         now = self._clock()
@@ -230,7 +225,7 @@ class SamplerCore:
                 self._metrics.age.labels(scored.origin).observe(max(0.0, now - scored.completed_s))
 
     def _settle_discards(self) -> None:
-        for discard in self.assembler.take_discards():
+        for discard in self.core.take_discards():
             record = discard.entry.handle
             if discard.error is not None:  # failed verification at selection: as the loop does on arrival
                 log.warning(
@@ -247,40 +242,5 @@ class SamplerCore:
 
     def _revoked(self, tps: list[TopicPartition]) -> None:
         gone = set(tps)
-        ids = {e.group_id for o in ORIGINS for e in self.assembler.pool.entries(o) if e.handle.tp in gone}
-        for entry in self.assembler.forget(ids):
-            self.screen.seen.discard(entry.group_id)
-
-
-def build_core(runtime: Runtime, settings: SamplerSettings) -> SamplerCore | None:
-    """Recover the history from the batch topic, then wire the core; None if stopped meanwhile."""
-    runtime.health.require("partitions_assigned", "recovered")
-    history = read_history(
-        runtime.consumer("sampler-recovery", per_process=True),
-        runtime.topics.batches,
-        settings.node_id,
-        max_bytes=settings.max_message_bytes * (settings.local_groups + settings.external_groups),
-        idle_s=settings.recovery_idle_s,
-        timeout_s=settings.recovery_timeout_s,
-        stop=runtime.stop,
-        beat=runtime.health.beat,
-    )
-    if history is None:
-        return None
-    runtime.health.set("recovered", True)
-    shortfall = settings.external_shortfall()
-    if shortfall is not None:
-        log.warning("%s", shortfall)
-    return SamplerCore(
-        settings,
-        runtime.topics,
-        history=history,
-        publisher=runtime.publisher,
-        local_client=runtime.consumer("sampler"),
-        swarm_client=runtime.consumer("sampler-swarm", swarm=True),
-        metrics=SamplerMetrics(runtime.registry),
-        transport=runtime.transport,
-        health=runtime.health,
-        stop=runtime.stop,
-        dead_letters=runtime.dead_letters,
-    )
+        pool = self.core.assembler.pool
+        self.core.forget({e.group_id for o in ORIGINS for e in pool.entries(o) if e.handle.tp in gone})

@@ -12,11 +12,14 @@ from typing import Self
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from sapo.generator import Pacing, PacingMode, SharingPolicy
-from sapo.models import BUNDLED_REF, is_project_ref
-from sapo.settings import ServiceSettings
+from sapo.generator.pacing import Pacing, PacingMode
+from sapo.generator.sharing import SharingPolicy, should_share
+from sapo.models import is_project_ref
+from sapo.models.settings import ModelSettings
+from sapo.settings import RoundSettings, ServiceSettings
 from sapo.tasks import Profile, load_profile
 from sapo.tasks.seeds import stable_hash
+from sapo.v1 import rollout_pb2
 
 
 class BackendKind(StrEnum):
@@ -30,31 +33,19 @@ class DType(StrEnum):
     FLOAT16 = "float16"
 
 
-class GeneratorSettings(ServiceSettings):
+class GeneratorSettings(ServiceSettings, ModelSettings, RoundSettings):
     """Settings of one generator process (`SAPO_GENERATOR_*`; nested Kafka settings use `__`)."""
 
     model_config = SettingsConfigDict(
         env_prefix="SAPO_GENERATOR_", frozen=True, extra="forbid", env_nested_delimiter="__"
     )
 
-    # --- model and backend ---
-    model: str = Field(
-        BUNDLED_REF,
-        min_length=1,
-        description="Policy model: `bundled:smollm2-135m-instruct`, `tiny:<seed>` (tests), "
-        "`warm:<seed>` (CPU scale), an HF id or path. "
-        "Policy version 0 is these weights; later versions come from the policy topic.",
-    )
+    # --- model and backend (model, device: sapo.models.settings.ModelSettings) ---
     backend: BackendKind = Field(BackendKind.HF, description="hf (transformers) or vllm (GPU only).")
     dtype: DType = Field(
         DType.FLOAT32,
         description="Parameter dtype. bfloat16 samples ~2x faster on CPU, but its behaviour logprobs then "
         "differ slightly from an fp32 trainer's (the ratio of an unchanged policy is no longer exactly 1).",
-    )
-    device: str = Field(
-        "cpu",
-        pattern=r"^(cpu|cuda(:\d{1,2})?)$",
-        description="Torch device of the hf backend: cpu, cuda[:N].",
     )
 
     # --- task stream ---
@@ -72,8 +63,7 @@ class GeneratorSettings(ServiceSettings):
         "derived from node_id, so distinct nodes draw distinct questions (the reference code did not).",
     )
 
-    # --- sampling ---
-    questions_per_round: int = Field(8, ge=1, le=1024, description="B: questions drawn per round.")
+    # --- sampling (questions_per_round, B: sapo.settings.RoundSettings) ---
     completions_per_question: int = Field(
         8, ge=2, le=256, description="L: completions per question (>= 2: a group of one has no advantage)."
     )
@@ -172,3 +162,8 @@ class GeneratorSettings(ServiceSettings):
     def pacing(self) -> Pacing:
         max_ahead = self.max_ahead if self.round_mode is PacingMode.ASYNC else 0
         return Pacing(self.round_mode, max_ahead, self.rounds)
+
+    def shares(self, group: rollout_pb2.RolloutGroup) -> bool:
+        """Whether the group goes to the swarm topic under the sharing policy."""
+        fraction = self.share_fraction if self.share_fraction is not None else 1.0
+        return should_share(group, self.sharing, fraction=fraction, seed=self.effective_node_seed)

@@ -1,4 +1,5 @@
-"""Fixtures for trainer tests: the bundled tokenizer once, a fresh tiny model per test, real questions."""
+"""Fixtures unit test packages share: the bundled tokenizer (built once per session), a fresh tiny
+model per test, real questions."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the hub, whatever a 
 
 @pytest.fixture(scope="session")
 def tokenizer() -> PreTrainedTokenizerBase:
+    """The bundled SmolLM2 tokenizer (extracted from the GGUF on the very first run, then cached)."""
     return load_bundled_tokenizer()
 
 

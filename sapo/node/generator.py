@@ -1,4 +1,4 @@
-"""The generator loop: rounds of B questions x L completions from the current policy, published as groups.
+"""The generator service: rounds of B questions x L completions from the current policy, published as groups.
 
 Each round: wait until the loaded policy may generate it (`sapo.generator.pacing`), draw the round's
 questions from the node's train stream, sample all B x L completions in one backend call, score them
@@ -27,25 +27,23 @@ import logging
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from typing import Self
 
-import torch
-from transformers import PreTrainedTokenizerBase
-
-from sapo.backends import GenerationBackend, SamplingConfig, TransformersBackend, VLLMBackend
-from sapo.generator import RoundSource, generate_round, should_share
+from sapo.backends import GenerationBackend
+from sapo.generator import generate_round
+from sapo.generator.settings import GeneratorSettings
 from sapo.generator.sharing import scored_rewards
 from sapo.kafka import Publisher
 from sapo.lifecycle import StopFlag
-from sapo.models import tokenizer_fingerprint
+from sapo.node.build import build_backend, model_shapes, round_source
+from sapo.node.metrics import GeneratorMetrics
+from sapo.node.policy import WEIGHTS_OK, PolicyFollower
 from sapo.ops import Health
 from sapo.runtime import Runtime
-from sapo.tasks import STOP_STRINGS, TaskStream
+from sapo.tasks import TaskStream
 from sapo.topics import TopicNames
 from sapo.v1 import rollout_pb2
 from sapo.wire import rollout_headers
-from services.generator.metrics import GeneratorMetrics
-from services.generator.policy import WEIGHTS_OK, PolicyFollower
-from services.generator.settings import BackendKind, GeneratorSettings
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +52,7 @@ _WAIT_POLL_S = 0.5
 _WARN_EVERY_S = 60.0
 
 
-class GeneratorCore:
+class GeneratorService:
     """Runs rounds until stopped, `until()` holds, or the round limit is reached."""
 
     def __init__(
@@ -87,6 +85,40 @@ class GeneratorCore:
         self.round = 0
         """The next round to generate."""
 
+    @classmethod
+    def from_runtime(cls, settings: GeneratorSettings, runtime: Runtime) -> Self:
+        """Wire the service to the process's runtime: model, policy follower, publishers, metrics, health."""
+        runtime.health.require(MODEL_LOADED, WEIGHTS_OK)
+        runtime.health.set_max_silence(settings.liveness_timeout_s)
+        backend = build_backend(settings)
+        runtime.health.set(MODEL_LOADED, True)
+        metrics = GeneratorMetrics(runtime.registry, [spec.name for spec in settings.task_profile()])
+        follower = PolicyFollower(
+            runtime.consumer("generator-policy", per_process=True),
+            topic=runtime.topics.policy,
+            node_id=settings.node_id,
+            backend=backend,
+            metrics=metrics,
+            transport=runtime.transport,
+            health=runtime.health,
+            stop=runtime.stop,
+            max_message_bytes=settings.max_message_bytes,
+            catchup_idle_s=settings.policy_catchup_idle_s,
+            dead_letters=runtime.dead_letters,
+            shapes=model_shapes(backend),
+        )
+        return cls(
+            settings,
+            backend,
+            follower,
+            publisher=runtime.publisher,
+            swarm_publisher=runtime.swarm_publisher,
+            topics=runtime.topics,
+            metrics=metrics,
+            health=runtime.health,
+            stop=runtime.stop,
+        )
+
     @property
     def backend(self) -> GenerationBackend:
         """The sampling backend (its `model_version` is the loaded policy version)."""
@@ -108,6 +140,10 @@ class GeneratorCore:
             self._follower.close()
         log.info("generator stopped after %d rounds (next round %d)", done, self.round)
         return done
+
+    def close(self) -> None:
+        """Leave the policy topic's consumer group (`run` already did unless it was never started)."""
+        self._follower.close()
 
     def _halted(self, round_: int, until: Callable[[], bool] | None) -> bool:
         return self._stop.is_set() or self._pacing.finished(round_) or (until is not None and until())
@@ -155,7 +191,7 @@ class GeneratorCore:
             headers = rollout_headers(group, value, self._signing_key)
             key = group.group_id.encode()
             self._publisher.send(self._topics.rollouts, key, value, headers)
-            if is_shared(settings, group):
+            if settings.shares(group):
                 self._swarm_publisher.send(self._topics.swarm_rollouts, key, value, headers)
                 shared += 1
         self._publisher.flush(settings.flush_timeout_s)
@@ -179,76 +215,3 @@ class GeneratorCore:
             failed = sum(c.finish_reason == rollout_pb2.FINISH_REASON_ERROR for c in group.completions)
             metrics.completions_failed.inc(failed)
             metrics.tokens.inc(sum(len(c.token_ids) for c in group.completions))
-
-
-def round_source(settings: GeneratorSettings, tokenizer: PreTrainedTokenizerBase) -> RoundSource:
-    """What every round of this generator shares (node, model, seed, B, sampling knobs)."""
-    return RoundSource(
-        node_id=settings.node_id,
-        model_id=settings.model,
-        tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
-        node_seed=settings.effective_node_seed,
-        questions_per_round=settings.questions_per_round,
-        sampling=SamplingConfig(
-            max_new_tokens=settings.max_new_tokens,
-            num_samples=settings.completions_per_question,
-            temperature=settings.temperature,
-            top_p=settings.top_p,
-            stop=STOP_STRINGS,
-        ),
-    )
-
-
-def is_shared(settings: GeneratorSettings, group: rollout_pb2.RolloutGroup) -> bool:
-    """Whether the group goes to the swarm topic under the settings' sharing policy."""
-    fraction = settings.share_fraction if settings.share_fraction is not None else 1.0
-    return should_share(group, settings.sharing, fraction=fraction, seed=settings.effective_node_seed)
-
-
-def make_backend(settings: GeneratorSettings) -> GenerationBackend:
-    """The sampling backend of the settings (loads the model: seconds to minutes)."""
-    if settings.backend is BackendKind.VLLM:
-        return VLLMBackend.from_model_ref(settings.model, dtype=settings.dtype.value)
-    dtype: torch.dtype = getattr(torch, settings.dtype.value)
-    return TransformersBackend.from_model_ref(settings.model, dtype=dtype, device=settings.device)
-
-
-def model_shapes(backend: GenerationBackend) -> dict[str, tuple[int, ...]] | None:
-    """Parameter shapes of an in-process model (the follower checks checkpoints against them)."""
-    if isinstance(backend, TransformersBackend):
-        return {name: tuple(t.shape) for name, t in backend.model.state_dict().items()}
-    return None  # vLLM's workers hold the model in other processes; the engine checks names itself
-
-
-def build_generator(settings: GeneratorSettings, runtime: Runtime) -> GeneratorCore:
-    """Wire the core to the process's runtime: model, policy follower, publishers, metrics, health."""
-    runtime.health.require(MODEL_LOADED, WEIGHTS_OK)
-    runtime.health.set_max_silence(settings.liveness_timeout_s)
-    backend = make_backend(settings)
-    runtime.health.set(MODEL_LOADED, True)
-    metrics = GeneratorMetrics(runtime.registry, [spec.name for spec in settings.task_profile()])
-    follower = PolicyFollower(
-        runtime.consumer("generator-policy", per_process=True),
-        topic=runtime.topics.policy,
-        node_id=settings.node_id,
-        backend=backend,
-        metrics=metrics,
-        transport=runtime.transport,
-        health=runtime.health,
-        stop=runtime.stop,
-        max_message_bytes=settings.max_message_bytes,
-        catchup_idle_s=settings.policy_catchup_idle_s,
-        dead_letters=runtime.dead_letters,
-        shapes=model_shapes(backend),
-    )
-    return GeneratorCore(
-        settings,
-        backend,
-        follower,
-        publisher=runtime.publisher,
-        swarm_publisher=runtime.swarm_publisher,
-        topics=runtime.topics,
-        metrics=metrics,
-        health=runtime.health,
-        stop=runtime.stop,
-    )

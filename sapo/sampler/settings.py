@@ -23,11 +23,11 @@ from sapo.sampler import (
     SelectionPolicy,
     VerifyMode,
 )
-from sapo.settings import ServiceSettings
+from sapo.settings import RoundSettings, ServiceSettings
 from sapo.tasks.datasets import UNSAFE_VERIFIERS, is_known_dataset
 
 
-class SamplerSettings(ServiceSettings):
+class SamplerSettings(ServiceSettings, RoundSettings):
     """Settings of one node's sampler (a singleton per node: it owns the batch sequence)."""
 
     model_config = SettingsConfigDict(
@@ -66,9 +66,6 @@ class SamplerSettings(ServiceSettings):
         RoundMode.LOCKSTEP,
         description="lockstep: batch r = own and swarm round-r groups (the paper; needs a swarm that "
         "starts together). deadline: emit with what arrived by deadline_s. async: emit once I and J are in.",
-    )
-    questions_per_round: int = Field(
-        8, ge=1, le=4096, description="Lock-step: local groups the generator publishes per round."
     )
     expected_peers: int = Field(
         7, ge=0, le=100_000, description="Lock-step: peers whose round-r groups close round r early."
@@ -201,6 +198,7 @@ class SamplerSettings(ServiceSettings):
             advantage_scale=self.advantage_scale,
             advantage_eps=self.advantage_eps,
             verify=self.verify,
+            dedupe_capacity=self.dedupe_capacity,
         )
 
     def external_shortfall(self) -> str | None:

@@ -13,12 +13,13 @@ from sapo.checkpoints import load_weights, read_manifest
 from sapo.kafka import DeadLetters, TransportMetrics
 from sapo.kafka.memory import MemoryBus, MemoryConsumerClient, MemoryPublisher
 from sapo.lifecycle import StopFlag
+from sapo.node.build import build_trainer
+from sapo.node.metrics import TrainerMetrics
+from sapo.node.trainer import TrainerService
 from sapo.ops import Health
 from sapo.topics import TopicNames
+from sapo.trainer.settings import TrainerSettings
 from sapo.v1 import batch_pb2, policy_pb2, question_pb2
-from services.trainer.core import TrainerService, build_trainer
-from services.trainer.metrics import TrainerMetrics
-from services.trainer.settings import TrainerSettings
 from tests.unit.trainer import builders as b
 
 pytestmark = pytest.mark.unit

@@ -12,28 +12,21 @@ from typing import Literal, Self
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from sapo.grpo import DEFAULT_LOSS_CONFIG as PAPER_LOSS
 from sapo.grpo import LossConfig
-from sapo.models import BUNDLED_REF
+from sapo.models.settings import ModelSettings
 from sapo.settings import ServiceSettings
 from sapo.trainer import OptimConfig, StepConfig
 
 
-class TrainerSettings(ServiceSettings):
+class TrainerSettings(ServiceSettings, ModelSettings):
     """Configuration of one node's trainer (one replica per node: it owns the node's checkpoints)."""
 
     model_config = SettingsConfigDict(
         env_prefix="SAPO_TRAINER_", frozen=True, extra="forbid", env_nested_delimiter="__"
     )
 
-    # --- model and numerics -----------------------------------------------------------------------------
-    model: str = Field(
-        BUNDLED_REF,
-        min_length=1,
-        description="Model reference to train: bundled:smollm2-135m-instruct, tiny:<seed>, warm:<seed>, "
-        "an HF id or path. "
-        "Must match the base model of existing checkpoints.",
-    )
-    device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?)$", description="Torch device: cpu, cuda, cuda:N.")
+    # --- model and numerics (model, device: sapo.models.settings.ModelSettings) --------------------------
     precision: Literal["fp32", "bf16"] = Field(
         "fp32",
         description="bf16: forward/backward under bf16 autocast with fp32 master weights and optimizer "
@@ -51,7 +44,7 @@ class TrainerSettings(ServiceSettings):
         gt=0,
         le=1.0,
         description="Peak AdamW learning rate, logged at start and exported. The paper says 1e-3, its "
-        "reference code uses 1e-6..1e-5; 1e-5 raised the bundled model's reward in FACTS.md.",
+        "reference code uses 1e-6..1e-5; 1e-5 raised the bundled 135M model's reward (docs/models.md).",
     )
     adam_beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1.")
     adam_beta2: float = Field(0.999, ge=0, lt=1, description="AdamW beta2.")
@@ -84,10 +77,17 @@ class TrainerSettings(ServiceSettings):
     )
 
     # --- GRPO loss ---------------------------------------------------------------------------------------
-    clip_eps_low: float = Field(0.2, ge=0, lt=1, description="PPO clip below: ratio >= 1 - eps_low.")
-    clip_eps_high: float = Field(0.28, ge=0, le=10, description="PPO clip above: ratio <= 1 + eps_high.")
+    clip_eps_low: float = Field(
+        PAPER_LOSS.eps_low, ge=0, lt=1, description="PPO clip below: ratio >= 1 - eps_low."
+    )
+    clip_eps_high: float = Field(
+        PAPER_LOSS.eps_high, ge=0, le=10, description="PPO clip above: ratio <= 1 + eps_high."
+    )
     is_cap: float = Field(
-        2.0, ge=1, le=100, description="Truncation of the importance weight pi_old / pi_behaviour."
+        PAPER_LOSS.is_cap,
+        ge=1,
+        le=100,
+        description="Truncation of the importance weight pi_old / pi_behaviour.",
     )
     external_logprobs: Literal["on_policy", "sender"] = Field(
         "on_policy",

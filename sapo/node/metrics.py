@@ -1,17 +1,149 @@
-"""Trainer metrics, declared once on the service's registry: `sapo_trainer_<noun>_<unit>`.
+"""Metrics of the three services, each declared once on its process's registry.
 
-Gauges hold the latest step's values (a dashboard plots them over time); counters accumulate; durations
-are histograms in seconds. Labels are bounded enums, initialised up front so every series exists from
-the first scrape.
+Names follow `sapo_<service>_<noun>_<unit>`: counters end in `_total`, durations are histograms in
+seconds. Every label is bounded (task names from the node's profile, reasons and origins from fixed
+tuples) and initialised up front, so dashboards see zeros rather than missing series. Transport-level
+counts (messages read, dead-lettered, produced) come from `sapo.kafka.TransportMetrics` on the same
+registry.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from sapo.sampler import ORIGINS, REASONS
 from sapo.trainer import RowMode, StepReport
+
+# --- generator ---
+
+LOAD_FAILURE_REASONS = ("digest_mismatch", "missing", "malformed", "incompatible", "checkpoint")
+"""Why a policy version was rejected: sha256 of manifest or shard wrong; a file absent; an unreadable
+manifest; weights that do not fit the model; any other checkpoint error."""
+
+_ROUND_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1200)
+_LOAD_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_REWARD_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+class GeneratorMetrics:
+    def __init__(self, registry: CollectorRegistry, tasks: Iterable[str]) -> None:
+        p = "sapo_generator"
+        self.groups = Counter(
+            f"{p}_groups_total", "Rollout groups published, by task.", ["task"], registry=registry
+        )
+        self.groups_shared = Counter(
+            f"{p}_groups_shared_total", "Rollout groups also published to the swarm topic.", registry=registry
+        )
+        self.tokens = Counter(f"{p}_tokens_total", "Completion tokens generated.", registry=registry)
+        self.generate_seconds = Histogram(
+            f"{p}_generate_seconds",
+            "Wall time of one round's batched generation call.",
+            buckets=_ROUND_BUCKETS,
+            registry=registry,
+        )
+        self.reward = Histogram(
+            f"{p}_reward",
+            "Mean local reward of each group's scored completions (0-1), by task.",
+            ["task"],
+            buckets=_REWARD_BUCKETS,
+            registry=registry,
+        )
+        self.completions_failed = Counter(
+            f"{p}_completions_failed_total",
+            "Completions whose generation failed (published unscored, never as reward 0).",
+            registry=registry,
+        )
+        self.policy_version = Gauge(
+            f"{p}_policy_version", "Policy version of the weights in the backend.", registry=registry
+        )
+        self.round = Gauge(f"{p}_round", "Round generated most recently.", registry=registry)
+        self.weight_load_seconds = Histogram(
+            f"{p}_weight_load_seconds",
+            "Time from picking up a PolicyUpdate to the weights being swapped in (verify, read, copy).",
+            buckets=_LOAD_BUCKETS,
+            registry=registry,
+        )
+        self.weight_load_failures = Counter(
+            f"{p}_weight_load_failures_total",
+            "Announced policy versions that were rejected, by reason; the old weights stayed.",
+            ["reason"],
+            registry=registry,
+        )
+        for task in tasks:
+            self.groups.labels(task)
+            self.reward.labels(task)
+        for reason in LOAD_FAILURE_REASONS:
+            self.weight_load_failures.labels(reason)
+
+
+# --- sampler ---
+
+SOURCES = ("local", "external")
+_COUNT_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
+_VERSION_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 16, 32)
+_AGE_BUCKETS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+
+
+class SamplerMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.consumed = Counter(
+            "sapo_sampler_groups_consumed_total",
+            "Rollout groups read, by origin (local: own generator; external: the swarm topic).",
+            ["origin"],
+            registry=registry,
+        )
+        self.rejected = Counter(
+            "sapo_sampler_groups_rejected_total",
+            "Groups not used, by reason: filters (header, malformed, verification, freshness, dedupe, "
+            "signal) and pool discards (expired, evicted, unused, late_round, future_round).",
+            ["reason"],
+            registry=registry,
+        )
+        self.batches = Counter(
+            "sapo_sampler_batches_emitted_total",
+            "Training batches acknowledged by the broker.",
+            registry=registry,
+        )
+        self.batch_groups = Histogram(
+            "sapo_sampler_batch_groups",
+            "Groups per emitted batch, by source (the realised I/J mix).",
+            ["source"],
+            buckets=_COUNT_BUCKETS,
+            registry=registry,
+        )
+        self.staleness = Histogram(
+            "sapo_sampler_group_staleness_versions",
+            "Policy versions between a local group's sampling policy and the batch that uses it.",
+            buckets=_VERSION_BUCKETS,
+            registry=registry,
+        )
+        self.age = Histogram(
+            "sapo_sampler_group_age_seconds",
+            "Seconds from a group's completion to the batch that uses it, by origin.",
+            ["origin"],
+            buckets=_AGE_BUCKETS,
+            registry=registry,
+        )
+        self.pool = Gauge(
+            "sapo_sampler_pool_groups",
+            "Groups waiting in the pool for a batch, by origin.",
+            ["origin"],
+            registry=registry,
+        )
+        for origin in ORIGINS:
+            self.consumed.labels(origin)
+            self.age.labels(origin)
+            self.pool.labels(origin)
+        for reason in REASONS:
+            self.rejected.labels(reason)
+        for source in SOURCES:
+            self.batch_groups.labels(source)
+
+
+# --- trainer ---
 
 P = "sapo_trainer"
 SKIP_REASONS = ("error", "bad_logprobs", "bad_question", "bad_temperature", "prompt_too_long", "empty")

@@ -21,14 +21,14 @@ from collections.abc import Mapping
 import torch
 from safetensors import SafetensorError
 
-from sapo.checkpoints import CheckpointError, load_weights, read_manifest
 from sapo.backends import GenerationBackend
+from sapo.checkpoints import CheckpointError, load_weights, read_manifest
 from sapo.kafka import ConsumerClient, ConsumerLoop, DeadLetters, Disposition, Record, TransportMetrics
 from sapo.lifecycle import StopFlag
+from sapo.node.metrics import GeneratorMetrics
 from sapo.ops import Health
 from sapo.v1 import policy_pb2
 from sapo.wire import InvalidMessageError, decode, validate_policy_update
-from services.generator.metrics import GeneratorMetrics
 
 log = logging.getLogger(__name__)
 

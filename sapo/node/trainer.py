@@ -1,6 +1,6 @@
 """The trainer service: consume training batches, step, checkpoint, announce, commit.
 
-Delivery semantics (DESIGN section 5; the training side is documented in `sapo.trainer.engine`):
+Delivery semantics (docs/architecture.md, Delivery; the training side is in `sapo.trainer.engine`):
 
 - Input: `<prefix>.node.<id>.batches`, at-least-once. Idempotency key: the batch sequence (and id).
 - Per batch: decode and validate (bad input is dead-lettered) -> skip duplicates -> train -> hold the
@@ -21,11 +21,11 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator
+from typing import Self
 
-import torch
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from sapo.checkpoints import CheckpointStore, Written, read_manifest
+from sapo.checkpoints import Written, read_manifest
 from sapo.kafka import (
     ConsumerClient,
     ConsumerLoop,
@@ -37,38 +37,20 @@ from sapo.kafka import (
 )
 from sapo.kafka.records import TopicPartition
 from sapo.lifecycle import StopFlag
-from sapo.models import load_model
+from sapo.node.build import build_trainer
+from sapo.node.metrics import TrainerMetrics
 from sapo.ops import Health
 from sapo.runtime import Runtime
 from sapo.topics import TopicNames
 from sapo.trainer import StepReport, Trainer, step_metrics
+from sapo.trainer.settings import TrainerSettings
 from sapo.v1 import batch_pb2, policy_pb2
 from sapo.wire import SCHEMA_VERSION, InvalidMessageError, decode, message_headers, validate_batch
-from services.trainer.metrics import TrainerMetrics
-from services.trainer.settings import TrainerSettings
 
 log = logging.getLogger(__name__)
 
 SERVICE = "trainer"
 READY_CONDITIONS = ("model_loaded", "partitions_assigned")
-
-
-def build_trainer(settings: TrainerSettings) -> Trainer:
-    """Load the model named by the settings and wrap it in a `Trainer` (not yet resumed)."""
-    torch.manual_seed(settings.seed)
-    model, tokenizer = load_model(settings.model, dtype=torch.float32, device=settings.device)
-    return Trainer(
-        model,
-        tokenizer,
-        model_ref=settings.model,
-        node_id=settings.node_id,
-        store=CheckpointStore(settings.checkpoint_root, keep_last=settings.keep_last),
-        optim=settings.optim_config(),
-        step=settings.step_config(),
-        max_sequence_tokens=settings.max_sequence_tokens,
-        external_logprobs=settings.external_logprobs,
-        gradient_checkpointing=settings.gradient_checkpointing,
-    )
 
 
 def checked_batch(record: Record, node_id: str, max_bytes: int) -> batch_pb2.TrainingBatch:
@@ -127,9 +109,10 @@ class TrainerService:
         health.set_max_silence(settings.step_max_silence_s)  # model loading and resume come first
 
     @classmethod
-    def from_runtime(cls, settings: TrainerSettings, runtime: Runtime) -> TrainerService:
+    def from_runtime(cls, settings: TrainerSettings, runtime: Runtime) -> Self:
+        """Load the model, resume (or write version 0) and announce it: ready to consume."""
         runtime.health.set_max_silence(settings.step_max_silence_s)  # the first model load can be slow
-        return cls(
+        service = cls(
             settings,
             build_trainer(settings),
             client=runtime.consumer(SERVICE),
@@ -141,6 +124,8 @@ class TrainerService:
             stop=runtime.stop,
             dead_letters=runtime.dead_letters,
         )
+        service.start()
+        return service
 
     def start(self) -> None:
         """Resume or write version 0, announce it, and become ready to consume."""
@@ -171,6 +156,10 @@ class TrainerService:
             self.flush()
         finally:
             self.loop.close()
+
+    def close(self) -> None:
+        """Leave the batch topic's group (`run` already did unless it was never started)."""
+        self.loop.close()
 
     def handle(self, record: Record) -> Disposition:
         batch = checked_batch(record, self.settings.node_id, self.settings.max_message_bytes)

@@ -1,0 +1,81 @@
+"""One place that builds a node's parts from their settings: the generator's model backend and round
+source, the sampler's pure core, the trainer. The services (`sapo.node.generator`, `.sampler`,
+`.trainer`) and the in-process swarm (`sapo.swarm.inprocess`) both build through these, so the two
+modes run the same configuration.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from sapo.backends import GenerationBackend, SamplingConfig, TransformersBackend, VLLMBackend
+from sapo.checkpoints import CheckpointStore
+from sapo.generator import RoundSource
+from sapo.generator.settings import BackendKind, GeneratorSettings
+from sapo.models import load_model, tokenizer_fingerprint
+from sapo.sampler import History, SamplerCore
+from sapo.sampler.settings import SamplerSettings
+from sapo.tasks import STOP_STRINGS
+from sapo.trainer import Trainer
+from sapo.trainer.settings import TrainerSettings
+
+H = TypeVar("H")
+
+
+def build_backend(settings: GeneratorSettings) -> GenerationBackend:
+    """The sampling backend of the settings (loads the model: seconds to minutes)."""
+    if settings.backend is BackendKind.VLLM:
+        return VLLMBackend.from_model_ref(settings.model, dtype=settings.dtype.value)
+    dtype: torch.dtype = getattr(torch, settings.dtype.value)
+    return TransformersBackend.from_model_ref(settings.model, dtype=dtype, device=settings.device)
+
+
+def model_shapes(backend: GenerationBackend) -> dict[str, tuple[int, ...]] | None:
+    """Parameter shapes of an in-process model (the follower checks checkpoints against them)."""
+    if isinstance(backend, TransformersBackend):
+        return {name: tuple(t.shape) for name, t in backend.model.state_dict().items()}
+    return None  # vLLM's workers hold the model in other processes; the engine checks names itself
+
+
+def round_source(settings: GeneratorSettings, tokenizer: PreTrainedTokenizerBase) -> RoundSource:
+    """What every round of this generator shares (node, model, seed, B, sampling knobs)."""
+    return RoundSource(
+        node_id=settings.node_id,
+        model_id=settings.model,
+        tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
+        node_seed=settings.effective_node_seed,
+        questions_per_round=settings.questions_per_round,
+        sampling=SamplingConfig(
+            max_new_tokens=settings.max_new_tokens,
+            num_samples=settings.completions_per_question,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            stop=STOP_STRINGS,
+        ),
+    )
+
+
+def build_sampler_core(settings: SamplerSettings, history: History) -> SamplerCore[H]:
+    """The sampler's pure core, continuing the batch sequence and dedupe set recovered in `history`."""
+    return SamplerCore(settings.screen_config(), settings.assembly_config(), history)
+
+
+def build_trainer(settings: TrainerSettings) -> Trainer:
+    """Load the model named by the settings and wrap it in a `Trainer` (not yet resumed)."""
+    torch.manual_seed(settings.seed)
+    model, tokenizer = load_model(settings.model, dtype=torch.float32, device=settings.device)
+    return Trainer(
+        model,
+        tokenizer,
+        model_ref=settings.model,
+        node_id=settings.node_id,
+        store=CheckpointStore(settings.checkpoint_root, keep_last=settings.keep_last),
+        optim=settings.optim_config(),
+        step=settings.step_config(),
+        max_sequence_tokens=settings.max_sequence_tokens,
+        external_logprobs=settings.external_logprobs,
+        gradient_checkpointing=settings.gradient_checkpointing,
+    )

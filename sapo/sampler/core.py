@@ -1,0 +1,92 @@
+"""One node's sampler without transport: screen each group, pool it, number and build the batches.
+
+Both the sampler service (`sapo.node.sampler`, which feeds it consumed Kafka records and publishes
+what it returns) and the in-process swarm (`sapo.swarm.inprocess`, which feeds it groups directly) run
+this class, so the two admit, pool and batch groups identically. `H` is whatever the caller needs back
+with each pooled group: the service's consumed record (to finish its offset), or nothing.
+
+Batch numbering: `sequence` is the next batch's sequence, continued from the `History` a restart
+recovers. It advances only when the caller says the batch is out (`emitted`), so a batch that failed to
+publish is built again with the same id.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Generic, TypeVar
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from sapo.sampler.assembler import Assembler, Assembly, AssemblyConfig, Discard, make_assembler
+from sapo.sampler.batch import History, Position, build_batch
+from sapo.sampler.screen import Origin, Scored, Screen, ScreenConfig
+from sapo.sampler.seen import SeenGroups
+from sapo.v1 import batch_pb2, rollout_pb2
+from sapo.wire import validate_batch
+
+H = TypeVar("H")
+
+FRESH_REASONS: Final = frozenset({"no_signal", "too_few_completions"})
+"""Verdicts on a fresh group's content (as opposed to duplicates, stale or foreign groups): the
+streaming modes count such groups as a round's work done."""
+
+
+class SamplerCore(Generic[H]):
+    """Screen + assembler + batch numbering for one node; see the module docstring."""
+
+    def __init__(self, screen: ScreenConfig, assembly: AssemblyConfig, history: History) -> None:
+        self.node_id = screen.node_id
+        self.sequence = history.next_sequence
+        seen = SeenGroups(screen.dedupe_capacity, history.used_group_ids)
+        self.screen = Screen(screen, seen, on_arrival=self._arrived)
+        self.assembler: Assembler[H] = make_assembler(assembly, history.next_round, self.screen.verify)
+
+    def admit(self, group: rollout_pb2.RolloutGroup, origin: Origin, handle: H, now_s: float) -> str | None:
+        """Screen and pool one decoded group; the reason it was not pooled, or None when it was.
+        Raises `InvalidMessageError` for a malformed or unverifiable group (the caller dead-letters it)."""
+        verdict = self.screen.check(group, origin, now_s, self.sequence)
+        if isinstance(verdict, Scored) or verdict in FRESH_REASONS:
+            self.assembler.screened(origin)
+        if isinstance(verdict, str):
+            return verdict
+        refusal = self.assembler.add(verdict, handle, now_s)
+        if refusal is None:
+            self.screen.seen.add(group.group_id)
+        return refusal
+
+    def next_batch(self, now_s: float) -> Assembly[H] | None:
+        """The batch due now (its groups leave the pool), or None."""
+        return self.assembler.next_batch(now_s, self.sequence)
+
+    def build(
+        self, assembly: Assembly[H], positions: list[Position], created_at: Timestamp
+    ) -> batch_pb2.TrainingBatch:
+        """The `TrainingBatch` of an assembly, numbered `sequence`; `positions` are its groups' inputs."""
+        batch = build_batch(
+            self.node_id,
+            self.sequence,
+            [e.scored for e in assembly.entries],
+            positions,
+            round_=assembly.round,
+            created_at=created_at,
+        )
+        problem = validate_batch(batch)
+        if problem is not None:  # a bug here, never bad input: refuse to hand the trainer garbage
+            raise RuntimeError(f"assembled an invalid batch {batch.batch_id}: {problem}")
+        return batch
+
+    def emitted(self) -> None:
+        """The batch numbered `sequence` is out: number the next one."""
+        self.sequence += 1
+
+    def take_discards(self) -> list[Discard[H]]:
+        """Pooled groups dropped since the last call (expired, evicted, unused, rejected at selection)."""
+        return self.assembler.take_discards()
+
+    def forget(self, group_ids: set[str]) -> None:
+        """Drop these pooled groups unfinished and let their ids be accepted again (a partition moved
+        to another consumer, which will deliver them there)."""
+        for entry in self.assembler.forget(group_ids):
+            self.screen.seen.discard(entry.group_id)
+
+    def _arrived(self, group: rollout_pb2.RolloutGroup, origin: Origin, now_s: float) -> None:
+        self.assembler.arrived(group, origin, now_s)
