@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
+from sapo.swarm.manifest import Service
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy/k8s/sapo-node"
 PROMTOOL_TESTS = ROOT / "deploy/prometheus/sapo-node.test.yaml"
@@ -26,7 +28,7 @@ CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 RELEASE, NAMESPACE = "sapo-node", "swarm"
 # The chart's kubeVersion floor and the newest schemas kubernetes-validate ships.
 KUBE_VERSIONS = ("1.29.0", "1.37.0")
-SERVICES = ("generator", "sampler", "trainer")
+SERVICES: tuple[Service, ...] = ("generator", "sampler", "trainer")
 CRD_API = {
     "ServiceMonitor": "monitoring.coreos.com/v1",
     "PrometheusRule": "monitoring.coreos.com/v1",

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from sapo.swarm.manifest import SETTINGS
+from sapo.swarm.manifest import SETTINGS, Service
 from tests.deploy.helm import (
     CHART,
     CI_VALUES,
@@ -237,7 +237,7 @@ def test_common_env_on_every_service(scenario: Path) -> None:
 
 @pytest.mark.parametrize("service", SERVICES)
 def test_rendered_env_is_accepted_by_the_service_settings(
-    scenario: Path, service: str, monkeypatch: pytest.MonkeyPatch
+    scenario: Path, service: Service, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every SAPO_<SERVICE>_* variable the chart sets is a real, valid setting of that service:
     a misspelt top-level name would otherwise be silently ignored by pydantic-settings."""

@@ -11,7 +11,7 @@ import yaml
 
 from sapo.experiment.plan import PROFILES
 from sapo.experiment.runner import write_plan
-from sapo.swarm.manifest import SETTINGS
+from sapo.swarm.manifest import SETTINGS, Service
 from tests.deploy.helm import SERVICES, container, deployment, env_of, render
 
 pytestmark = pytest.mark.unit
@@ -35,7 +35,7 @@ def test_plan_has_a_manifest_per_run_and_values_per_node(paper_plan: Path) -> No
 
 @pytest.mark.parametrize("service", SERVICES)
 def test_node_values_render_and_every_setting_is_accepted(
-    paper_plan: Path, service: str, monkeypatch: pytest.MonkeyPatch
+    paper_plan: Path, service: Service, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     values = paper_plan / "helm" / "i6-j2-s1" / "node-3.yaml"
     data = yaml.safe_load(values.read_text())

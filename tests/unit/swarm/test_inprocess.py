@@ -96,7 +96,7 @@ class RightWhenEven:
 
 
 def run_rounds(m: SwarmManifest, run_dir: Path) -> list[list[NodeRound]]:
-    seeds = {n.id: n.seed for n in m.nodes}
+    seeds = {n.id: n.seed or 0 for n in m.nodes}
     swarm = InProcessSwarm(m, run_dir, make_backend=lambda t: RightWhenEven(t, seeds[t.node_id]))
     swarm.start()
     done = [swarm.run_round(r) for r in range(swarm.rounds)]
