@@ -18,6 +18,7 @@ from typing import Any, Self, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from sapo.identity.settings import IdentitySettings
 from sapo.topics import NODE_ID_PATTERN
 
 log = logging.getLogger(__name__)
@@ -160,9 +161,10 @@ class ServiceSettings(BaseSettings):
     max_message_bytes: int = Field(
         8 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024, description="Larger payloads are dead-lettered."
     )
-    signing_key: SecretStr | None = Field(
-        None,
-        description="Shared HMAC key of the swarm; when set, unsigned or mis-signed groups are rejected.",
+    identity: IdentitySettings = Field(
+        default_factory=IdentitySettings,
+        description="This node's key and whom it trusts (IDENTITY__MODE, IDENTITY__PRIVATE_KEY_FILE, "
+        "IDENTITY__TRUST_FILE, ...; sapo.identity.settings).",
     )
 
     @property

@@ -30,7 +30,7 @@ NODE_ID_RE: Final = re.compile(NODE_ID_PATTERN)
 PREFIX_RE: Final = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 #: Apache Kafka's legal topic names (kafka.common.internals.Topic).
 TOPIC_NAME_RE: Final = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
-#: The policy topic keeps only the latest PolicyUpdate per node id.
+#: The policy topic keeps only the latest PolicyUpdate per node id; the keys topic the last word on a key.
 COMPACT: Final[Mapping[str, str]] = MappingProxyType({"cleanup.policy": "compact"})
 
 
@@ -87,15 +87,17 @@ class TopicNames:
     batches: str
     policy: str
     dlq: str
+    swarm_keys: str
 
     def __post_init__(self) -> None:
         validate_node_id(self.node_id)
-        for name in (self.swarm_rollouts, self.rollouts, self.batches, self.policy, self.dlq):
+        names = (self.swarm_rollouts, self.rollouts, self.batches, self.policy, self.dlq, self.swarm_keys)
+        for name in names:
             validate_topic_name(name)
 
     @classmethod
     def for_node(cls, node_id: str, prefix: str = DEFAULT_PREFIX) -> TopicNames:
-        """The default names: `<prefix>.swarm.rollouts` and `<prefix>.node.<id>.{rollouts,...}`."""
+        """The default names: `<prefix>.swarm.{rollouts,keys}` and `<prefix>.node.<id>.{rollouts,...}`."""
         validate_node_id(node_id)
         if not PREFIX_RE.match(prefix):
             raise ValueError(
@@ -109,13 +111,16 @@ class TopicNames:
             batches=f"{node}.batches",
             policy=f"{node}.policy",
             dlq=f"{node}.dlq",
+            swarm_keys=f"{prefix}.swarm.keys",
         )
 
     def specs(self, partitions: int = 1, replication_factor: int = 1) -> list[TopicSpec]:
-        """Specs for all five topics.
+        """Specs for all six topics.
 
         The policy topic always has one partition: it carries a single key (the node id) and
-        generators need its versions in order, so more partitions would only stay empty.
+        generators need its versions in order, so more partitions would only stay empty. The keys
+        topic (signed key announcements, `sapo.identity`) is compacted with one partition too: a
+        rotation must be read after the admission it builds on.
         """
         rf = replication_factor
         return [
@@ -124,6 +129,7 @@ class TopicNames:
             TopicSpec(self.batches, partitions, rf),
             TopicSpec(self.policy, 1, rf, dict(COMPACT)),
             TopicSpec(self.dlq, partitions, rf),
+            TopicSpec(self.swarm_keys, 1, rf, dict(COMPACT)),
         ]
 
 

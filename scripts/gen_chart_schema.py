@@ -41,12 +41,13 @@ SERVICES: dict[str, type[ServiceSettings]] = {
 }
 CHART_OWNED = frozenset(
     {"NODE_ID", "TOPIC_PREFIX", "HTTP_HOST", "HTTP_PORT", "HTTP_PORT_FILE", "LOG_FORMAT", "LOG_LEVEL"}
-    | {"SIGNING_KEY", "CHECKPOINT_ROOT"}
+    | {"CHECKPOINT_ROOT"}
 )
-"""Set by the chart from its own values (node id, ports, logging, the signing key's Secret, the
-checkpoint volume); the Kafka connections too (`kafka`, `swarmKafka` values). `MODEL` stays settable
-per service: the chart's `model` value sets it for both, and refuses to be given twice."""
-CHART_OWNED_PREFIXES = ("KAFKA__", "SWARM_KAFKA__")
+"""Set by the chart from its own values (node id, ports, logging, the checkpoint volume); the Kafka
+connections and the node's identity too (`kafka`, `swarmKafka`, `identity` values: the key Secret and
+trust list ConfigMap are mounted by the chart). `MODEL` stays settable per service: the chart's
+`model` value sets it for both, and refuses to be given twice."""
+CHART_OWNED_PREFIXES = ("KAFKA__", "SWARM_KAFKA__", "IDENTITY__")
 
 
 def _unwrap(annotation: Any) -> list[Any]:

@@ -33,6 +33,7 @@ from sapo.backends import GenerationBackend
 from sapo.generator import generate_round
 from sapo.generator.settings import GeneratorSettings
 from sapo.generator.sharing import scored_rewards
+from sapo.identity import IdentityError
 from sapo.kafka import Publisher
 from sapo.lifecycle import StopFlag
 from sapo.node.build import build_backend, model_shapes, round_source
@@ -40,10 +41,11 @@ from sapo.node.metrics import GeneratorMetrics
 from sapo.node.policy import WEIGHTS_OK, PolicyFollower
 from sapo.ops import Health
 from sapo.runtime import Runtime
+from sapo.settings import ConfigError
 from sapo.tasks import TaskStream
 from sapo.topics import TopicNames
 from sapo.v1 import rollout_pb2
-from sapo.wire import rollout_headers
+from sapo.wire import HeaderSigner, rollout_headers
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +69,7 @@ class GeneratorService:
         metrics: GeneratorMetrics,
         health: Health,
         stop: StopFlag,
+        signer: HeaderSigner | None = None,
     ) -> None:
         self._settings = settings
         self._backend = backend
@@ -80,8 +83,7 @@ class GeneratorService:
         self._pacing = settings.pacing()
         self._source = round_source(settings, backend.tokenizer)
         self._stream = TaskStream(settings.task_profile(), self._source.node_seed, "train")
-        key = settings.signing_key
-        self._signing_key = key.get_secret_value().encode() if key is not None else None
+        self._signer = signer
         self.round = 0
         """The next round to generate."""
 
@@ -90,6 +92,10 @@ class GeneratorService:
         """Wire the service to the process's runtime: model, policy follower, publishers, metrics, health."""
         runtime.health.require(MODEL_LOADED, WEIGHTS_OK)
         runtime.health.set_max_silence(settings.liveness_timeout_s)
+        try:  # before the model loads: a missing key fails at once
+            signer = settings.identity.signer()
+        except IdentityError as exc:
+            raise ConfigError(f"SAPO_GENERATOR_IDENTITY: {exc}") from None
         backend = build_backend(settings)
         runtime.health.set(MODEL_LOADED, True)
         metrics = GeneratorMetrics(runtime.registry, [spec.name for spec in settings.task_profile()])
@@ -117,6 +123,7 @@ class GeneratorService:
             metrics=metrics,
             health=runtime.health,
             stop=runtime.stop,
+            signer=signer,
         )
 
     @property
@@ -188,7 +195,7 @@ class GeneratorService:
         shared = 0
         for group in groups:
             value = group.SerializeToString()
-            headers = rollout_headers(group, value, self._signing_key)
+            headers = rollout_headers(group, value, self._signer)
             key = group.group_id.encode()
             self._publisher.send(self._topics.rollouts, key, value, headers)
             if settings.shares(group):

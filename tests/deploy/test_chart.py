@@ -213,7 +213,7 @@ def test_rwo_checkpoints_pin_generators_to_the_trainer_node() -> None:
 def test_secrets_come_from_secret_refs_only(scenario: Path) -> None:
     for dep in of_kind(render(scenario), "Deployment"):
         for var in env_of(dep):
-            if var["name"].endswith(("SASL_PASSWORD", "SIGNING_KEY", "KEY_PASSWORD")):
+            if var["name"].endswith(("SASL_PASSWORD", "KEY_PASSWORD")):
                 assert set(var) == {"name", "valueFrom"}, var
                 assert set(var["valueFrom"]) == {"secretKeyRef"}
 
@@ -270,6 +270,8 @@ def test_rendered_env_is_accepted_by_the_service_settings(
         # Helm 4 names the key, Helm 3 only the map.
         ("sampler.settings.KAFKA__SASL_PASSWORD=hunter2", "KAFKA__SASL_PASSWORD|sampler.settings"),
         ("generator.settings.NODE_ID=other", "NODE_ID|generator.settings"),  # set by the chart
+        ("sampler.settings.IDENTITY__MODE=off", "IDENTITY__MODE|sampler.settings"),  # so is identity
+        ("identity.mode=paranoid", "mode"),
     ],
 )
 def test_schema_rejects(override: str, complaint: str) -> None:
@@ -289,10 +291,47 @@ def test_schema_rejects(override: str, complaint: str) -> None:
         (("swarmKafka.enabled=true",), "SWARM_KAFKA bootstrapServers is required"),
         (("kafka.caSecret.name=ca",), "does not use TLS"),
         (("model=m", "trainer.settings.MODEL=other"), "set the model once"),
+        (("identity.mode=tofu",), "a verifying node must sign; set identity.keySecret.name"),
+        (("identity.mode=strict", "identity.keySecret.name=k"), "set identity.trustConfigMap.name"),
     ],
 )
 def test_inconsistent_kafka_settings_fail_at_install(overrides: tuple[str, ...], complaint: str) -> None:
     assert complaint in template_error(*overrides)
+
+
+def test_the_private_key_reaches_the_generator_only_and_the_trust_list_the_sampler_only() -> None:
+    docs = render(
+        None,
+        "identity.mode=strict",
+        "identity.keySecret.name=node-0-key",
+        "identity.trustConfigMap.name=swarm-trust",
+        "identity.keysTopic=true",
+    )
+    mounted: dict[str, dict[str, str | None]] = {}
+    for service in SERVICES:
+        dep = deployment(docs, service)
+        volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
+        mounts = {m["name"]: m["mountPath"] for m in container(dep)["volumeMounts"]}
+        env = {v["name"]: v.get("value") for v in env_of(dep)}
+        mounted[service] = {k: v for k, v in env.items() if "IDENTITY__" in k}
+        if service == "generator":
+            assert volumes["identity-key"]["secret"]["defaultMode"] == 0o400
+            assert env["SAPO_GENERATOR_IDENTITY__PRIVATE_KEY_FILE"] == f"{mounts['identity-key']}/node.key"
+        else:
+            assert "identity-key" not in volumes
+        if service == "sampler":
+            assert volumes["identity-trust"]["configMap"]["name"] == "swarm-trust"
+            assert env["SAPO_SAMPLER_IDENTITY__TRUST_FILE"] == f"{mounts['identity-trust']}/trust.yaml"
+        else:
+            assert "identity-trust" not in volumes
+    key_file = "/etc/sapo/identity/key/node.key"
+    assert mounted["generator"] == {"SAPO_GENERATOR_IDENTITY__PRIVATE_KEY_FILE": key_file}
+    assert mounted["sampler"] == {
+        "SAPO_SAMPLER_IDENTITY__MODE": "strict",
+        "SAPO_SAMPLER_IDENTITY__TRUST_FILE": "/etc/sapo/identity/trust/trust.yaml",
+        "SAPO_SAMPLER_IDENTITY__KEYS_TOPIC": "true",
+    }
+    assert mounted["trainer"] == {}
 
 
 # Kubernetes objects passed through as they are: their fields are documented by Kubernetes (or Kafka).

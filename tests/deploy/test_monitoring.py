@@ -126,7 +126,8 @@ def test_kafka_topics_match_the_node_topic_names() -> None:
         config = yaml.safe_load(values.read_text())
         names = TopicNames.for_node(config["nodeId"], config.get("topicPrefix", "sapo"))
         topics = {t["spec"]["topicName"]: t for t in of_kind(docs, "KafkaTopic")}
-        expected = {names.rollouts, names.batches, names.policy, names.dlq, names.swarm_rollouts}
+        expected = {names.rollouts, names.batches, names.policy, names.dlq}
+        expected |= {names.swarm_rollouts, names.swarm_keys}
         assert set(topics) == expected
         for topic in topics.values():
             check_object(topic, "KafkaTopic")
@@ -136,10 +137,11 @@ def test_kafka_topics_match_the_node_topic_names() -> None:
             assert isinstance(spec["partitions"], int) and spec["partitions"] >= 1
             assert isinstance(spec["replicas"], int) and spec["replicas"] >= 1
             assert all(isinstance(v, str | int | bool) for v in spec["config"].values())
-        policy = topics[names.policy]["spec"]
-        assert policy["config"]["cleanup.policy"] == "compact"
-        assert policy["partitions"] == 1
-        assert "retention.ms" not in policy["config"]
+        for compacted in (names.policy, names.swarm_keys):
+            spec = topics[compacted]["spec"]
+            assert spec["config"]["cleanup.policy"] == "compact"
+            assert spec["partitions"] == 1
+            assert "retention.ms" not in spec["config"]
 
 
 def test_swarm_topic_only_on_request() -> None:

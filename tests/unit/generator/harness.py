@@ -125,6 +125,7 @@ def memory_generator(
         metrics=metrics,
         health=health,
         stop=stop,
+        signer=config.identity.signer(),
     )
     return MemoryGenerator(core, follower, bus, topics, registry, health, stop)
 

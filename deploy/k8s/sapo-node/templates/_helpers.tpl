@@ -171,13 +171,7 @@ Call with (dict "root" $ "component" "sampler").
 {{- if $v.swarmKafka.enabled }}
 {{ include "sapo-node.kafkaEnv" (dict "prefix" $prefix "field" "SWARM_KAFKA" "conn" $v.swarmKafka "caPath" "/etc/sapo/swarm-kafka-ca" "client" $client) | trim }}
 {{- end }}
-{{- if $v.signingKey.secretName }}
-- name: {{ $prefix }}SIGNING_KEY
-  valueFrom:
-    secretKeyRef:
-      name: {{ $v.signingKey.secretName }}
-      key: {{ $v.signingKey.key }}
-{{- end }}
+{{ include "sapo-node.identityEnv" (dict "identity" $v.identity "prefix" $prefix "component" .component) }}
 {{- if and $v.model (ne .component "sampler") }}
 {{- if hasKey $svc.settings "MODEL" }}
 {{- fail (printf "set the model once: model=%s and %s.settings.MODEL are both set" $v.model .component) }}
@@ -243,4 +237,70 @@ Call with (dict "root" $ "component" "sampler").
 {{/* True (non-empty) when the checkpoint claim can be mounted from several Kubernetes nodes. */}}
 {{- define "sapo-node.checkpointsShared" -}}
 {{- if has "ReadWriteMany" .Values.checkpoints.accessModes }}true{{ end }}
+{{- end }}
+
+{{/*
+Identity env of one service: the generator signs (key file), the sampler verifies (mode, trust list,
+keys topic); the trainer shares nothing. Refuses a mode whose files are missing.
+*/}}
+{{- define "sapo-node.identityEnv" -}}
+{{- $id := .identity }}
+{{- if and (ne $id.mode "off") (not $id.keySecret.name) }}
+{{- fail (printf "identity.mode=%s: a verifying node must sign; set identity.keySecret.name (sapo keys generate)" $id.mode) }}
+{{- end }}
+{{- if and (eq $id.mode "strict") (not $id.trustConfigMap.name) }}
+{{- fail "identity.mode=strict needs the trust list: set identity.trustConfigMap.name (sapo keys trust)" }}
+{{- end }}
+{{- if and (eq .component "generator") $id.keySecret.name }}
+- name: {{ .prefix }}IDENTITY__PRIVATE_KEY_FILE
+  value: {{ printf "/etc/sapo/identity/key/%s" $id.keySecret.key | quote }}
+{{- end }}
+{{- if and (eq .component "sampler") (ne $id.mode "off") }}
+- name: {{ .prefix }}IDENTITY__MODE
+  value: {{ $id.mode | quote }}
+{{- if $id.trustConfigMap.name }}
+- name: {{ .prefix }}IDENTITY__TRUST_FILE
+  value: {{ printf "/etc/sapo/identity/trust/%s" $id.trustConfigMap.key | quote }}
+{{- end }}
+{{- if $id.keysTopic }}
+- name: {{ .prefix }}IDENTITY__KEYS_TOPIC
+  value: "true"
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The identity files of one service: the key (generator, owner-read-only), the trust list (sampler). */}}
+{{- define "sapo-node.identityVolumes" -}}
+{{- $id := .root.Values.identity }}
+{{- if and (eq .component "generator") $id.keySecret.name }}
+- name: identity-key
+  secret:
+    secretName: {{ $id.keySecret.name }}
+    defaultMode: 0400
+    items:
+      - key: {{ $id.keySecret.key }}
+        path: {{ $id.keySecret.key }}
+{{- end }}
+{{- if and (eq .component "sampler") (ne $id.mode "off") $id.trustConfigMap.name }}
+- name: identity-trust
+  configMap:
+    name: {{ $id.trustConfigMap.name }}
+    items:
+      - key: {{ $id.trustConfigMap.key }}
+        path: {{ $id.trustConfigMap.key }}
+{{- end }}
+{{- end }}
+
+{{- define "sapo-node.identityMounts" -}}
+{{- $id := .root.Values.identity }}
+{{- if and (eq .component "generator") $id.keySecret.name }}
+- name: identity-key
+  mountPath: /etc/sapo/identity/key
+  readOnly: true
+{{- end }}
+{{- if and (eq .component "sampler") (ne $id.mode "off") $id.trustConfigMap.name }}
+- name: identity-trust
+  mountPath: /etc/sapo/identity/trust
+  readOnly: true
+{{- end }}
 {{- end }}
