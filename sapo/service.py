@@ -11,7 +11,7 @@ import logging
 import uuid
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry
 
 from sapo.kafka import DeadLetters, KafkaConsumerClient, KafkaPublisher, TransportMetrics
 from sapo.lifecycle import StopFlag, install_signal_handlers
@@ -60,6 +60,9 @@ def start_runtime(service: str, settings: ServiceSettings, *, install_signals: b
     configure_logging(settings.log_level, settings.log_format, service, settings.node_id)
     log.info("starting %s with %s", service, describe(settings))
     registry = CollectorRegistry()
+    # The default process_* (CPU, memory, fds, start time: the alerts' warm-up) and python_* series.
+    for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+        registry.register(collector)
     health = Health()
     transport = TransportMetrics(registry, service)
     stop = StopFlag()
