@@ -42,7 +42,10 @@ lint: $(STAMP) ## ruff + mypy on our code (generated protobuf excluded)
 proto: $(STAMP) ## Regenerate sapo/v1 from proto/sapo/v1
 	$(BIN)/python scripts/gen_proto.py
 
+image: ## Build the CPU image sapo-swarm:<version> with Debian tools (no Docker daemon; root) and smoke-test it inside
+	scripts/image.sh
+
 bench: $(STAMP) ## Run the benchmarks (ratios against a baseline measured in the same run)
 	for b in bench/bench_*.py; do $(BIN)/python $$b || exit 1; done
 
-.PHONY: help setup swarm experiment test test-slow lint proto bench
+.PHONY: help setup swarm experiment test test-slow lint proto image bench

