@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry
 
 from sapo.kafka import DeadLetters, KafkaConsumerClient, KafkaPublisher, TransportMetrics
 from sapo.lifecycle import StopFlag, install_signal_handlers
@@ -42,6 +42,12 @@ class Service(Protocol):
         ...
 
 
+def consumer_group(prefix: str, node_id: str, role: str) -> str:
+    """The consumer group of one role of a node: `<prefix>.<node>.<role>` (the chart's ACLs allow the
+    `<prefix>.<node>.` prefix)."""
+    return f"{prefix}.{node_id}.{role}"
+
+
 @dataclass
 class Runtime:
     """The shared plumbing of one service process."""
@@ -62,7 +68,7 @@ class Runtime:
         """A consumer in group `<prefix>.<node>.<role>`; per_process gives each replica its own group
         (for streams every replica must see whole, such as the policy topic)."""
         conn = self.settings.swarm_connection if swarm else self.settings.kafka
-        group = f"{self.settings.topic_prefix}.{self.settings.node_id}.{role}"
+        group = consumer_group(self.settings.topic_prefix, self.settings.node_id, role)
         if per_process:
             group += f".{uuid.uuid4().hex[:12]}"
         config = conn.to_librdkafka() | self.settings.consumer.to_librdkafka()
@@ -79,6 +85,9 @@ def start_runtime(service: str, settings: ServiceSettings, *, install_signals: b
     configure_logging(settings.log_level, settings.log_format, service, settings.node_id)
     log.info("starting %s with %s", service, describe(settings))
     registry = CollectorRegistry()
+    # The default process_* (CPU, memory, fds, start time: the alerts' warm-up) and python_* series.
+    for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+        registry.register(collector)
     health = Health()
     transport = TransportMetrics(registry, service)
     stop = StopFlag()
