@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from sapo.checkpoints import CheckpointStore, load_weights, read_manifest
+from sapo.checkpoints import CheckpointStore, load_weights
 from sapo.generation import SamplingConfig, TransformersBackend
 from sapo.generator import encode_prompt
 from sapo.models import load_model
@@ -109,6 +109,5 @@ def load_final_policy(
     latest = store.latest(node_id)
     if latest is None:
         raise FileNotFoundError(f"no checkpoint of {node_id} under {checkpoint_root}")
-    manifest, directory = read_manifest(latest.manifest_uri, latest.manifest_sha256)
-    model.load_state_dict(load_weights(manifest, directory), strict=True)
-    return model, tokenizer, int(manifest.version)
+    model.load_state_dict(load_weights(latest.manifest, latest.directory), strict=True)
+    return model, tokenizer, latest.manifest.version

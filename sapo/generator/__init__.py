@@ -5,6 +5,7 @@ No Kafka here: `services.generator` wires these to the transport, the model back
 - `groups`: a round's questions and prompts, RolloutGroups built from sampled completions, and
   `generate_round`, which does the whole round with a backend.
 - `sharing`: which groups go to the swarm topic.
+- `reload`: retrying a policy version that failed to load, and when to give up.
 """
 
 from sapo.generator.groups import (
@@ -20,12 +21,15 @@ from sapo.generator.groups import (
     to_completion,
 )
 from sapo.generator.pacing import Pacing, RoundMode
+from sapo.generator.reload import ReloadPolicy, Retry, is_transient
 from sapo.generator.sharing import SharingPolicy, should_share
 
 __all__ = [
     "BatchContext",
     "GeneratedRound",
     "Pacing",
+    "ReloadPolicy",
+    "Retry",
     "RoundMode",
     "RoundPrompt",
     "RoundSource",
@@ -33,6 +37,7 @@ __all__ = [
     "build_group",
     "encode_prompt",
     "generate_round",
+    "is_transient",
     "plan_round",
     "round_seed",
     "should_share",

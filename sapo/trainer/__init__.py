@@ -8,11 +8,12 @@
 - `report`: `step_metrics`, the wire summary of a step (what a `PolicyUpdate` announces).
 """
 
+from sapo.checkpoints import TRAINER_STATE
 from sapo.trainer.engine import StepReport, Trainer
 from sapo.trainer.optim import OptimConfig, Schedule, lr_factor
 from sapo.trainer.report import step_metrics
 from sapo.trainer.sequences import BuiltBatch, ExternalLogprobs, Row, RowMode, SequenceBuilder
-from sapo.trainer.state import TRAINER_STATE, LedgerEntry, TrainerState
+from sapo.trainer.state import LedgerEntry, TrainerState
 from sapo.trainer.step import MicroBatch, Precision, StepConfig, StepStats, plan_micro_batches, train_on_batch
 
 __all__ = [

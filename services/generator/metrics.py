@@ -10,9 +10,19 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-LOAD_FAILURE_REASONS = ("digest_mismatch", "missing", "malformed", "incompatible", "checkpoint")
-"""Why a policy version was rejected: sha256 of manifest or shard wrong; a file absent; an unreadable
-manifest; weights that do not fit the model; any other checkpoint error."""
+LOAD_FAILURE_REASONS = (
+    "digest_mismatch",
+    "missing",
+    "unavailable",
+    "malformed",
+    "incompatible",
+    "checkpoint",
+)
+"""Why a policy version was rejected: a manifest or file digest wrong; a file still absent (or the
+store still not answering) when retries gave up; an unreadable manifest or file; weights that do not
+fit the model; any other checkpoint error."""
+RETRY_REASONS = ("missing", "unavailable")
+"""Why a load was retried: a manifest or file not visible yet; the store did not answer."""
 
 _ROUND_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1200)
 _LOAD_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -50,6 +60,15 @@ class GeneratorMetrics:
         self.policy_version = Gauge(
             f"{p}_policy_version", "Policy version of the weights in the backend.", registry=registry
         )
+        self.announced_version = Gauge(
+            f"{p}_announced_version", "Newest policy version announced for this node.", registry=registry
+        )
+        self.weight_load_retries = Counter(
+            f"{p}_weight_load_retries_total",
+            "Loads of a policy version retried after a transient failure, by reason.",
+            ["reason"],
+            registry=registry,
+        )
         self.round = Gauge(f"{p}_round", "Round generated most recently.", registry=registry)
         self.weight_load_seconds = Histogram(
             f"{p}_weight_load_seconds",
@@ -68,3 +87,5 @@ class GeneratorMetrics:
             self.reward.labels(task)
         for reason in LOAD_FAILURE_REASONS:
             self.weight_load_failures.labels(reason)
+        for reason in RETRY_REASONS:
+            self.weight_load_retries.labels(reason)

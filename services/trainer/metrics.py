@@ -16,6 +16,7 @@ from sapo.trainer import RowMode, StepReport
 P = "sapo_trainer"
 SKIP_REASONS = ("error", "bad_logprobs", "bad_question", "bad_temperature", "prompt_too_long", "empty")
 BATCH_OUTCOMES = ("trained", "empty", "duplicate")
+PUBLISH_OUTCOMES = ("written", "verified", "diverged", "skipped")
 STEP_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
 CHECKPOINT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32)
 STALENESS_BUCKETS = (0, 1, 2, 4, 8, 16, 32)
@@ -74,9 +75,22 @@ class TrainerMetrics:
         )
         self.checkpoint_seconds = Histogram(
             f"{P}_checkpoint_seconds",
-            "Wall time to write one checkpoint.",
+            "Wall time to publish one policy version (weights only; or verify a replayed one).",
             buckets=CHECKPOINT_BUCKETS,
             registry=registry,
+        )
+        self.state_seconds = Histogram(
+            f"{P}_state_seconds",
+            "Wall time to write one full trainer state (optimizer, schedule, RNG, offsets, ledger).",
+            buckets=CHECKPOINT_BUCKETS,
+            registry=registry,
+        )
+        self.versions_published = counter(
+            "versions_published",
+            "Policy versions published, by outcome: written; verified (a replayed version equal to the "
+            "stored one); diverged (a replay differed: the stored weights were kept); skipped (a replay "
+            "below the newest stored version that is no longer stored).",
+            ("outcome",),
         )
         self.staleness = Histogram(
             f"{P}_staleness_versions",
@@ -86,6 +100,8 @@ class TrainerMetrics:
         )
         for outcome in BATCH_OUTCOMES:
             self.batches.labels(outcome)
+        for outcome in PUBLISH_OUTCOMES:
+            self.versions_published.labels(outcome)
         for mode in RowMode:
             self.sequences.labels(mode.value)
         for reason in SKIP_REASONS:
