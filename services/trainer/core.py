@@ -235,7 +235,9 @@ class TrainerService:
             return
         started = time.perf_counter()
         self.trainer.save_state()
-        self.metrics.state_seconds.observe(time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        self.metrics.state_seconds.observe(seconds)
+        log.info("wrote the full state of version %d in %.2fs", self.trainer.version, seconds)
         for record in self._held:
             self.loop.finish(record)
         self._held.clear()
