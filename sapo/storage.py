@@ -13,7 +13,8 @@ or Ceph, `AWS_PROFILE` / `AWS_SHARED_CREDENTIALS_FILE` for a mounted credentials
 
 Reads and writes hash the bytes that pass (see `sapo.digests`): a file is written once and read once.
 A local file is read through a private memory map, so the tensors parsed from it view the very pages
-that were hashed; a remote object is streamed into one buffer, chunk by chunk, hashing each chunk.
+that were hashed; a remote object is fetched with one request into one buffer, which is hashed and
+then parsed in place.
 """
 
 from __future__ import annotations
@@ -101,17 +102,24 @@ def location(url: str | os.PathLike[str], storage_options: dict[str, Any] | None
 
 
 def write_file(
-    directory: Location, name: str, produce: Callable[[Hashing], object], algorithm: str
+    directory: Location,
+    name: str,
+    produce: Callable[[Hashing], object],
+    algorithm: str,
+    *,
+    durable: bool = True,
 ) -> FileEntry:
-    """Create `directory/name` with what `produce` writes, hashing on the way; local files are fsynced."""
+    """Create `directory/name` with what `produce` writes, hashing on the way; a local file is fsynced
+    when `durable` (an object store's PUT is durable when it returns)."""
     target = (directory / name).path
     if directory.local:
         os.makedirs(directory.path, exist_ok=True)
         with open(target, "wb") as raw:
             sink = Hashing(raw, algorithm)
             produce(sink)
-            raw.flush()
-            os.fsync(raw.fileno())
+            if durable:
+                raw.flush()
+                os.fsync(raw.fileno())
     else:
         with directory.fs.open(target, "wb") as raw:
             sink = Hashing(raw, algorithm)
@@ -121,6 +129,7 @@ def write_file(
 
 def read_bytes(target: Location) -> bytes:
     """A small file whole (a manifest); CheckpointError(missing / unavailable) when it cannot be read."""
+    target.forget_listings()
     try:
         with target.fs.open(target.path, "rb") as fh:
             data: bytes = fh.read()
@@ -176,19 +185,17 @@ def _read_local(path: str, entry: FileEntry, algorithm: str) -> tuple[bytearray 
 
 
 def _read_remote(target: Location, entry: FileEntry, algorithm: str) -> tuple[bytearray, str]:
-    hasher = new_hasher(algorithm)
+    # One request for the whole object: ranged reads cost a round trip each (and S3 emulators such as
+    # moto re-read the whole object for every range).
     target.forget_listings()
-    with target.fs.open(target.path, "rb", block_size=CHUNK, cache_type="none") as fh:
-        _check_size(target.uri(), int(fh.size), entry)
-        buffer = bytearray(entry.bytes)
-        view = memoryview(buffer)
-        done = 0
-        while done < entry.bytes:
-            got = fh.readinto(view[done : done + CHUNK])
-            if not got:
-                raise CheckpointError("missing", f"{target.uri()} ended after {done} of {entry.bytes} bytes")
-            hasher.update(view[done : done + got])
-            done += got
+    data = target.fs.cat_file(target.path)
+    _check_size(target.uri(), len(data), entry)
+    buffer = bytearray(data)  # writable, for torch.frombuffer
+    del data
+    hasher = new_hasher(algorithm)
+    view = memoryview(buffer)
+    for start in range(0, len(buffer), CHUNK):
+        hasher.update(view[start : start + CHUNK])
     return buffer, hasher.hexdigest()
 
 
@@ -219,6 +226,19 @@ def remove_tree(directory: Location, first: tuple[str, ...] = ()) -> None:
             directory.fs.rm_file((directory / name).path)
     if exists(directory):
         directory.fs.rm(directory.path, recursive=True)
+
+
+def make_durable(directory: Location) -> None:
+    """fsync every file in a local directory, then the directory itself (object stores: nothing to do)."""
+    if not directory.local:
+        return
+    for name in os.listdir(directory.path):
+        fd = os.open(os.path.join(directory.path, name), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    fsync_dir(directory.path)
 
 
 def fsync_dir(path: str) -> None:

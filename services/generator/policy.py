@@ -202,7 +202,7 @@ class PolicyFollower:
             state = load_weights(manifest, directory, tied=False)
             if self._shapes is not None:
                 check_shapes(state, self._shapes)
-            self._backend.load_weights(state, update.version)
+            self._backend.load_weights(state, update.version, owned=True)  # verified buffers, ours alone
         # Tolerated by design: a bad checkpoint must not take the generator down; old weights stay.
         except (CheckpointError, SafetensorError, OSError, ValueError, RuntimeError) as exc:
             self._failed(update, failure_reason(exc), exc)

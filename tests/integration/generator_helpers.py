@@ -122,12 +122,16 @@ class ThreadedGenerator:
         return self.runtime.registry.get_sample_value(name, labels or {})
 
     def readyz(self) -> tuple[int, str]:
-        url = f"http://127.0.0.1:{self.runtime.ops.port}/readyz"
-        try:
-            with urllib.request.urlopen(url, timeout=5) as resp:
-                return resp.status, resp.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode()
+        return http_get(f"http://127.0.0.1:{self.runtime.ops.port}/readyz")
+
+
+def http_get(url: str) -> tuple[int, str]:
+    """Status and body of a GET (an ops endpoint), errors included."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
 
 
 class GroupCollector:

@@ -8,8 +8,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,7 @@ from sapo import storage
 from sapo.checkpoints import MANIFEST, CheckpointStore, Written
 from sapo.models import build_tiny_model, load_bundled_tokenizer
 from tests.integration import trainer_support as ts
-from tests.integration.generator_helpers import announce, launch_generator
+from tests.integration.generator_helpers import announce, http_get, launch_generator
 from tests.unit.generator.harness import flip_byte, policy_update
 from tests.unit.trainer import builders as b
 
@@ -33,12 +31,7 @@ class Probe:
         self._port_file = port_file
 
     def _get(self, path: str) -> tuple[int, str]:
-        url = f"http://127.0.0.1:{self._port_file.read_text()}{path}"
-        try:
-            with urllib.request.urlopen(url, timeout=5) as resp:
-                return resp.status, resp.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode()
+        return http_get(f"http://127.0.0.1:{self._port_file.read_text()}{path}")
 
     def metric(self, name: str, labels: dict[str, str] | None = None) -> float | None:
         if not self._port_file.exists():

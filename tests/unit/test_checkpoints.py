@@ -233,3 +233,15 @@ def test_bad_settings_fail_at_construction(tmp_path: Path) -> None:
         CheckpointStore(tmp_path, keep_last=0)
     with pytest.raises(ValueError, match="unknown digest"):
         CheckpointStore(tmp_path, digest="md5")
+
+
+def test_a_version_with_a_torn_manifest_is_rewritten(store_url: str) -> None:
+    """A host crash can leave a renamed version whose (unsynced) manifest is garbage: no reader can use
+    it, so the replay writes it again instead of failing to verify it."""
+    store = CheckpointStore(store_url)
+    written = store.publish("n1", 1, _state(0), base_model="tiny:0").written
+    assert written is not None
+    _put(written, MANIFEST, b"\0" * 100)
+    again = store.publish("n1", 1, _state(0), base_model="tiny:0")
+    assert again.outcome == "written" and again.written is not None
+    assert load_weights(again.written.manifest, again.written.directory)["layer.weight"].shape == (4, 4)

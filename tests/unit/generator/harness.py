@@ -58,7 +58,7 @@ class ScriptedBackend:
         self.calls.append(([tuple(p) for p in prompts], params, self._version))
         return [[self.script(p, j) for j in range(params.num_samples)] for p in prompts]
 
-    def load_weights(self, weights: WeightsSource, version: int) -> None:
+    def load_weights(self, weights: WeightsSource, version: int, *, owned: bool = False) -> None:
         self._version = version
 
 
