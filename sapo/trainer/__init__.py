@@ -3,7 +3,8 @@
 - `sequences`: rows from a TrainingBatch (as sampled vs re-tokenized) and where each row's pi_old comes from.
 - `step`: micro-batching, pi_old per row mode, the optimizer step(s) of one batch.
 - `optim`: AdamW and its warmup / constant / cosine schedule.
-- `state`: the resumable state (`trainer_state.pt`): optimizer, schedule, RNG, offsets, ledger.
+- `state`: the resumable state (`trainer_state.pt`, every `state_every` versions): optimizer, schedule, RNG,
+  offsets, ledger.
 - `engine`: `Trainer`, which ties them together and documents the delivery semantics.
 - `report`: `step_metrics`, the wire summary of a step (what a `PolicyUpdate` announces).
 """
