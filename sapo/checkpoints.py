@@ -48,7 +48,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import torch
 
@@ -82,6 +82,7 @@ TRAINER_STATE = "trainer_state.pt"
 SHARD_BYTES = 2 * 1024**3
 FORMAT = 2
 _VERSION_PREFIX = "v"
+_T = TypeVar("_T")
 
 
 def _entries(items: list[dict[str, Any]]) -> tuple[FileEntry, ...]:
@@ -91,6 +92,22 @@ def _entries(items: list[dict[str, Any]]) -> tuple[FileEntry, ...]:
 
 def _entry_json(entries: tuple[FileEntry, ...]) -> list[dict[str, Any]]:
     return [{"name": e.name, "digest": e.digest, "bytes": e.bytes} for e in entries]
+
+
+def _document(body: dict[str, Any]) -> bytes:
+    return json.dumps({"format": FORMAT} | body, indent=1, sort_keys=True).encode()
+
+
+def _parsed(data: bytes, what: str, build: Callable[[dict[str, Any]], _T]) -> _T:
+    """`build(body)` of a JSON document; any missing or ill-typed field makes it malformed."""
+    try:
+        body = json.loads(data)
+        fmt = int(body.get("format", 1))
+        if fmt > FORMAT:
+            raise CheckpointError("unsupported", f"{what} format {fmt}; this version reads <= {FORMAT}")
+        return build(body)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointError("malformed", f"malformed {what}: {exc!r}") from None
 
 
 @dataclass(frozen=True)
@@ -109,27 +126,23 @@ class Manifest:
     extras: tuple[FileEntry, ...] = ()  # format 1 kept the trainer state here
 
     def to_json(self) -> bytes:
-        body = {
-            "format": FORMAT,
-            "digest": self.digest,
-            "node_id": self.node_id,
-            "version": self.version,
-            "base_model": self.base_model,
-            "dtype": self.dtype,
-            "created_at": self.created_at,
-            "weights": _entry_json(self.weights),
-            "aliases": dict(self.aliases),
-            "meta": dict(self.meta),
-        }
-        return json.dumps(body, indent=1, sort_keys=True).encode()
+        return _document(
+            {
+                "digest": self.digest,
+                "node_id": self.node_id,
+                "version": self.version,
+                "base_model": self.base_model,
+                "dtype": self.dtype,
+                "created_at": self.created_at,
+                "weights": _entry_json(self.weights),
+                "aliases": dict(self.aliases),
+                "meta": dict(self.meta),
+            }
+        )
 
     @classmethod
     def from_json(cls, data: bytes) -> Manifest:
-        try:
-            body = json.loads(data)
-            fmt = int(body.get("format", 1))
-            if fmt > FORMAT:
-                raise CheckpointError("unsupported", f"manifest format {fmt}; this version reads <= {FORMAT}")
+        def build(body: dict[str, Any]) -> Manifest:
             return cls(
                 node_id=body["node_id"],
                 version=int(body["version"]),
@@ -139,11 +152,11 @@ class Manifest:
                 weights=_entries(body["weights"]),
                 aliases=dict(body.get("aliases", {})),
                 meta=body.get("meta", {}),
-                digest=str(body["digest"]) if fmt >= 2 else SHA256,
+                digest=str(body["digest"]) if "format" in body else SHA256,
                 extras=_entries(body.get("extras", [])),
             )
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise CheckpointError("malformed", f"malformed manifest: {exc!r}") from None
+
+        return _parsed(data, "manifest", build)
 
 
 @dataclass(frozen=True)
@@ -158,21 +171,20 @@ class StateRecord:
     digest: str = DEFAULT
 
     def to_json(self) -> bytes:
-        body = {
-            "format": FORMAT,
-            "digest": self.digest,
-            "node_id": self.node_id,
-            "version": self.version,
-            "manifest_sha256": self.manifest_sha256,
-            "created_at": self.created_at,
-            "files": _entry_json(self.files),
-        }
-        return json.dumps(body, indent=1, sort_keys=True).encode()
+        return _document(
+            {
+                "digest": self.digest,
+                "node_id": self.node_id,
+                "version": self.version,
+                "manifest_sha256": self.manifest_sha256,
+                "created_at": self.created_at,
+                "files": _entry_json(self.files),
+            }
+        )
 
     @classmethod
     def from_json(cls, data: bytes) -> StateRecord:
-        try:
-            body = json.loads(data)
+        def build(body: dict[str, Any]) -> StateRecord:
             return cls(
                 node_id=body["node_id"],
                 version=int(body["version"]),
@@ -181,8 +193,8 @@ class StateRecord:
                 files=_entries(body["files"]),
                 digest=str(body["digest"]),
             )
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise CheckpointError("malformed", f"malformed state record: {exc!r}") from None
+
+        return _parsed(data, "state record", build)
 
 
 @dataclass(frozen=True)
