@@ -76,7 +76,7 @@ class RightWhenEven:
     def model_version(self) -> int:
         return self.inner.model_version
 
-    def load_weights(self, weights: WeightsSource, version: int) -> None:
+    def load_weights(self, weights: WeightsSource, version: int, *, owned: bool = False) -> None:
         raise AssertionError("the in-process swarm never reloads weights")
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingConfig) -> list[list[Sample]]:
