@@ -5,6 +5,7 @@ No Kafka here: `sapo.node.generator` wires these to the transport, the model bac
 - `groups`: a round's questions and prompts, RolloutGroups built from sampled completions, and
   `generate_round`, which does the whole round with a backend.
 - `sharing`: which groups go to the swarm topic.
+- `reload`: retrying a policy version that failed to load, and when to give up.
 - `settings`: `GeneratorSettings`, the service's settings (imported from there, not from this package).
 """
 
@@ -20,6 +21,7 @@ from sapo.generator.groups import (
     to_completion,
 )
 from sapo.generator.pacing import Pacing, PacingMode
+from sapo.generator.reload import ReloadPolicy, Retry, is_transient
 from sapo.generator.sharing import SharingPolicy, should_share
 
 __all__ = [
@@ -27,11 +29,14 @@ __all__ = [
     "GeneratedRound",
     "Pacing",
     "PacingMode",
+    "ReloadPolicy",
+    "Retry",
     "RoundPrompt",
     "RoundSource",
     "SharingPolicy",
     "build_group",
     "generate_round",
+    "is_transient",
     "plan_round",
     "round_seed",
     "should_share",
