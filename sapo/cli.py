@@ -24,6 +24,7 @@ from types import FrameType
 
 from sapo.broker import DEFAULT_HOST, LIBRDKAFKA_LOG, BrokerError, EmbeddedBroker
 from sapo.identity import cli as keys_cli
+from sapo.inspect import cli as inspect_cli
 from sapo.kafka import KafkaPublisher
 from sapo.settings import ConfigError
 from sapo.topics import DEFAULT_PREFIX, TopicError, TopicNames, TopicSpec, ensure_topics, validate_node_id
@@ -217,6 +218,12 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
         "node keys, trust lists and key announcements",
         keys_cli.add_arguments,
         functools.partial(keys_cli.run, publish=_publish_record),
+    ),
+    Subcommand(
+        "inspect",
+        "read or follow sapo topics decoded (table or JSON lines), filtered, or summarized",
+        inspect_cli.add_arguments,
+        inspect_cli.run,
     ),
     Subcommand(
         "experiment",

@@ -175,7 +175,7 @@ class ServiceSettings(BaseSettings):
         return self.swarm_kafka or self.kafka
 
 
-S = TypeVar("S", bound=ServiceSettings)
+S = TypeVar("S", bound=BaseSettings)
 
 
 def field_types(info: FieldInfo) -> list[Any]:
@@ -233,8 +233,28 @@ def load_settings(cls: type[S], **overrides: Any) -> S:
         for err in exc.errors():
             path = "__".join(str(p) for p in err["loc"]).upper()
             env = f"{prefix}{path}" if path else prefix + "*"
-            lines.append(f"  {env}: {err['msg']} (got {err.get('input')!r})")
+            lines.append(f"  {env}: {err['msg']} ({_shown_input(cls, err['loc'], err.get('input'))})")
         raise ConfigError("\n".join(lines)) from None
+
+
+def _shown_input(model: type[BaseModel], loc: tuple[int | str, ...], value: Any) -> str:
+    """What an error message shows of the value it refused: never a secret. A nested model's input
+    (a dict that may hold a password) is shown by its keys only."""
+    if isinstance(value, Mapping):
+        return f"given: {', '.join(sorted(str(k) for k in value)) or 'nothing'}"
+    info: FieldInfo | None = None
+    for part in loc:
+        if info is not None:
+            nested = [m for m in field_types(info) if isinstance(m, type) and issubclass(m, BaseModel)]
+            if not nested:
+                break
+            model = nested[0]
+        info = model.model_fields.get(str(part))
+        if info is None:
+            break
+    if info is not None and SecretStr in field_types(info):
+        return "a secret, not shown"
+    return f"got {value!r}"
 
 
 def describe(settings: BaseSettings) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from confluent_kafka import Consumer, KafkaError, KafkaException
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from sapo.kafka.dlq import DeadLetters
@@ -79,27 +79,7 @@ class KafkaConsumerClient:
 
     def poll(self, timeout: float) -> Record | None:
         msg = self._consumer.poll(timeout)
-        if msg is None:
-            return None
-        err = msg.error()
-        if err is not None:
-            if err.fatal():
-                raise TransportError(f"fatal consumer error: {err}")
-            if err.code() != KafkaError._PARTITION_EOF:
-                log.warning("consumer error (retried by the client): %s", err)
-            return None
-        raw_headers = msg.headers() or []
-        pairs = raw_headers.items() if isinstance(raw_headers, dict) else raw_headers
-        headers = {str(k): _as_bytes(v) or b"" for k, v in pairs}
-        return Record(
-            topic=str(msg.topic()),
-            partition=int(msg.partition() or 0),
-            offset=int(msg.offset() or 0),
-            key=_as_bytes(msg.key()),
-            value=_as_bytes(msg.value()),
-            headers=headers,
-            timestamp_ms=msg.timestamp()[1],
-        )
+        return None if msg is None else to_record(msg)
 
     def store(self, positions: Sequence[OffsetPosition]) -> None:
         if positions:
@@ -118,6 +98,30 @@ class KafkaConsumerClient:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+def to_record(msg: Message) -> Record | None:
+    """A consumed message as a Record; None for a non-fatal error event (logged: the client retries).
+    Raises TransportError for a fatal one."""
+    err = msg.error()
+    if err is not None:
+        if err.fatal():
+            raise TransportError(f"fatal consumer error: {err}")
+        if err.code() != KafkaError._PARTITION_EOF:
+            log.warning("consumer error (retried by the client): %s", err)
+        return None
+    raw_headers = msg.headers() or []
+    pairs = raw_headers.items() if isinstance(raw_headers, dict) else raw_headers
+    headers = {str(k): _as_bytes(v) or b"" for k, v in pairs}
+    return Record(
+        topic=str(msg.topic()),
+        partition=int(msg.partition() or 0),
+        offset=int(msg.offset() or 0),
+        key=_as_bytes(msg.key()),
+        value=_as_bytes(msg.value()),
+        headers=headers,
+        timestamp_ms=msg.timestamp()[1],
+    )
 
 
 def _as_bytes(data: str | bytes | None) -> bytes | None:

@@ -52,6 +52,24 @@ def test_sasl_needs_credentials_and_secrets_are_masked() -> None:
     assert "topsecret" not in dumped
 
 
+def test_errors_never_echo_a_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SAPO_DEMO_NODE_ID", "n")
+    monkeypatch.setenv("SAPO_DEMO_KAFKA__SECURITY_PROTOCOL", "SASL_SSL")
+    monkeypatch.setenv("SAPO_DEMO_KAFKA__SASL_PASSWORD", "hunter2")
+    with pytest.raises(ConfigError) as info:
+        load_settings(DemoSettings)
+    assert "SAPO_DEMO_KAFKA: " in str(info.value)
+    assert "given: sasl_password, security_protocol" in str(info.value)
+    assert "hunter2" not in str(info.value)
+    monkeypatch.setenv("SAPO_DEMO_KAFKA__SASL_PASSWORD", "")
+    with pytest.raises(ConfigError) as info:
+        load_settings(DemoSettings, kafka={"sasl_password": ["hunter2"]}, http_port="x")
+    assert "SAPO_DEMO_KAFKA__SASL_PASSWORD: " in str(info.value)
+    assert "(a secret, not shown)" in str(info.value)
+    assert "SAPO_DEMO_HTTP_PORT: " in str(info.value) and "got 'x'" in str(info.value)
+    assert "hunter2" not in str(info.value)
+
+
 def test_misspelled_variable_fails_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SAPO_DEMO_NODE_ID", "n")
     monkeypatch.setenv("SAPO_DEMO_KAFKA__BOOTSTRAP_SERVERS", "h:1")
