@@ -108,7 +108,6 @@ def measure(bootstrap: str, root: Path, repeats: int) -> Timings:
         log_format="text",
         log_level="WARNING",
         model=BUNDLED_REF,
-        questions_per_round=1,
         completions_per_question=2,
         max_new_tokens=1,
         policy_catchup_idle_s=1.0,
@@ -128,8 +127,9 @@ def measure(bootstrap: str, root: Path, repeats: int) -> Timings:
     thread = threading.Thread(target=core.run, name="generator", daemon=True)
     thread.start()
     try:
+        # No work is planned: the generator idles on its policy follower, the state reloads start from.
+        wait(lambda: int(bool(core.work.assigned)), 1, "the work topic's assignment")
         for version in range(1, repeats + 1):
-            wait(lambda: core.round, version, f"round {version - 1}")  # now waiting for this version
             written = store.write(NODE, version, state, base_model=BUNDLED_REF)
             loaded_before = runtime.registry.get_sample_value(load_sum) or 0.0
             started = time.perf_counter()
@@ -137,7 +137,6 @@ def measure(bootstrap: str, root: Path, repeats: int) -> Timings:
             wait(lambda: backend.model_version, version, f"load of v{version}")
             timings.latency.append(time.perf_counter() - started)
             timings.load_path.append((runtime.registry.get_sample_value(load_sum) or 0.0) - loaded_before)
-            wait(lambda: core.round, version + 1, f"round {version}")  # idle again: a fair baseline
             shards = sorted(written.directory.glob("*.safetensors"))
             timings.checkpoint_mb = sum(f.stat().st_size for f in shards) / 1e6
             timings.bare.append(bare_reload(bare_model, shards))

@@ -32,6 +32,9 @@ PREFIX_RE: Final = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 TOPIC_NAME_RE: Final = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 #: The policy topic keeps only the latest PolicyUpdate per node id.
 COMPACT: Final[Mapping[str, str]] = MappingProxyType({"cleanup.policy": "compact"})
+WORK_PARTITIONS: Final = 8
+"""Default partitions of a node's work topic: the most generator replicas that share its work (a
+replica without a partition idles). Create the topic with more to run more replicas."""
 
 
 class TopicError(RuntimeError):
@@ -87,10 +90,11 @@ class TopicNames:
     batches: str
     policy: str
     dlq: str
+    work: str
 
     def __post_init__(self) -> None:
         validate_node_id(self.node_id)
-        for name in (self.swarm_rollouts, self.rollouts, self.batches, self.policy, self.dlq):
+        for name in (self.swarm_rollouts, self.rollouts, self.batches, self.policy, self.dlq, self.work):
             validate_topic_name(name)
 
     @classmethod
@@ -109,21 +113,27 @@ class TopicNames:
             batches=f"{node}.batches",
             policy=f"{node}.policy",
             dlq=f"{node}.dlq",
+            work=f"{node}.work",
         )
 
-    def specs(self, partitions: int = 1, replication_factor: int = 1) -> list[TopicSpec]:
-        """Specs for all five topics.
+    def specs(
+        self, partitions: int = 1, replication_factor: int = 1, work_partitions: int = WORK_PARTITIONS
+    ) -> list[TopicSpec]:
+        """Specs for all six topics; `partitions` applies to the swarm, rollout and DLQ topics.
 
-        The policy topic always has one partition: it carries a single key (the node id) and
-        generators need its versions in order, so more partitions would only stay empty.
+        The batch and policy topics always have one partition: a node's batches are its optimizer
+        steps, trained in sequence order, and the policy topic carries one key (the node id) whose
+        versions generators need in order. The work topic has `work_partitions`, as many as the most
+        generator replicas of the node.
         """
         rf = replication_factor
         return [
             TopicSpec(self.swarm_rollouts, partitions, rf),
             TopicSpec(self.rollouts, partitions, rf),
-            TopicSpec(self.batches, partitions, rf),
+            TopicSpec(self.batches, 1, rf),
             TopicSpec(self.policy, 1, rf, dict(COMPACT)),
             TopicSpec(self.dlq, partitions, rf),
+            TopicSpec(self.work, work_partitions, rf),
         ]
 
 

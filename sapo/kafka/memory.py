@@ -33,8 +33,18 @@ class MemoryPublisher:
     def __init__(self, bus: MemoryBus) -> None:
         self._bus = bus
 
-    def send(self, topic: str, key: bytes | None, value: bytes, headers: Sequence[Header] = ()) -> None:
+    def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes,
+        headers: Sequence[Header] = (),
+        partition: int | None = None,
+    ) -> None:
         self._bus.append(topic, key, value, headers)
+
+    def partitions(self, topic: str) -> int:
+        return 1
 
     def send_sync(
         self,

@@ -60,12 +60,23 @@ class KafkaPublisher:
             self._metrics.produced.inc()
 
     def _produce(
-        self, topic: str, key: bytes | None, value: bytes, headers: Sequence[Header], cb: Any
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes,
+        headers: Sequence[Header],
+        cb: Any,
+        *,
+        partition: int | None = None,
     ) -> None:
         deadline = time.monotonic() + self._queue_full_timeout_s
+        # -1 = unassigned: the configured partitioner picks one from the key.
+        target = -1 if partition is None else partition
         while True:
             try:
-                self._producer.produce(topic, value=value, key=key, headers=list(headers), on_delivery=cb)
+                self._producer.produce(
+                    topic, value=value, key=key, partition=target, headers=list(headers), on_delivery=cb
+                )
                 break
             except BufferError:
                 if time.monotonic() > deadline:
@@ -75,8 +86,22 @@ class KafkaPublisher:
                 self._producer.poll(0.1)
         self._producer.poll(0)
 
-    def send(self, topic: str, key: bytes | None, value: bytes, headers: Sequence[Header] = ()) -> None:
-        self._produce(topic, key, value, headers, self._on_delivery)
+    def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes,
+        headers: Sequence[Header] = (),
+        partition: int | None = None,
+    ) -> None:
+        self._produce(topic, key, value, headers, self._on_delivery, partition=partition)
+
+    def partitions(self, topic: str, timeout_s: float = 10.0) -> int:
+        metadata = self._producer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        if metadata is None or metadata.error is not None or not metadata.partitions:
+            problem = metadata.error if metadata is not None else "not in the metadata"
+            raise DeliveryError(f"topic {topic} has no partitions to send to: {problem}")
+        return len(metadata.partitions)
 
     def send_sync(
         self,

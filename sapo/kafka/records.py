@@ -63,8 +63,13 @@ class Publisher(Protocol):
         key: bytes | None,
         value: bytes,
         headers: Sequence[Header] = (),
+        partition: int | None = None,
     ) -> None:
-        """Queue a message; delivery failures surface through the producer's error accounting."""
+        """Queue a message (to `partition`, or the key's); delivery failures surface through the
+        producer's error accounting."""
+
+    def partitions(self, topic: str) -> int:
+        """How many partitions `topic` has (from the cluster's metadata)."""
 
     def send_sync(
         self,

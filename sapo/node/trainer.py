@@ -39,6 +39,7 @@ from sapo.kafka.records import TopicPartition
 from sapo.lifecycle import StopFlag
 from sapo.node.build import build_trainer
 from sapo.node.metrics import TrainerMetrics
+from sapo.node.planner import WorkPlanner
 from sapo.ops import Health
 from sapo.runtime import Runtime
 from sapo.topics import TopicNames
@@ -105,6 +106,14 @@ class TrainerService:
         self._held: list[Record] = []
         self._announced = -1
         self._last_report: StepReport | None = None
+        self.planner = WorkPlanner(
+            publisher,
+            topics.work,
+            settings.node_id,
+            per_round=settings.questions_per_round,
+            pacing=settings.pacing(),
+            flush_timeout_s=settings.announce_timeout_s,
+        )
         health.require(*READY_CONDITIONS)
         health.set_max_silence(settings.step_max_silence_s)  # model loading and resume come first
 
@@ -251,6 +260,9 @@ class TrainerService:
         self._announced = manifest.version
         self.metrics.announced_version.set(manifest.version)
         log.info("announced version %d: %s", manifest.version, written.manifest_uri)
+        planned = self.planner.plan(manifest.version)
+        if planned:
+            self.metrics.planned_round.set(planned.stop - 1)
 
     def _log_step(self, report: StepReport) -> None:
         stats = report.stats

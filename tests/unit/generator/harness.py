@@ -14,12 +14,14 @@ from transformers import PreTrainedTokenizerBase
 from sapo.backends import GenerationBackend, Sample, SamplingConfig, WeightsSource
 from sapo.checkpoints import CheckpointStore, Written
 from sapo.generator.settings import GeneratorSettings
+from sapo.generator.work import PacingMode, PacingSettings
 from sapo.kafka import DeadLetters, Publisher, TransportMetrics
 from sapo.kafka.memory import MemoryBus, MemoryConsumerClient, MemoryPublisher
 from sapo.lifecycle import StopFlag
 from sapo.node.build import model_shapes
 from sapo.node.generator import GeneratorService
 from sapo.node.metrics import GeneratorMetrics
+from sapo.node.planner import WorkPlanner
 from sapo.node.policy import PolicyFollower
 from sapo.ops import Health
 from sapo.topics import TopicNames
@@ -52,7 +54,9 @@ class ScriptedBackend:
     def model_version(self) -> int:
         return self._version
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingConfig) -> list[list[Sample]]:
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingConfig, seeds: Sequence[int] | None = None
+    ) -> list[list[Sample]]:
         self.calls.append(([tuple(p) for p in prompts], params, self._version))
         return [[self.script(p, j) for j in range(params.num_samples)] for p in prompts]
 
@@ -66,7 +70,6 @@ def settings(**overrides: Any) -> GeneratorSettings:
         "node_id": "node-a",
         "model": "tiny:0",
         "node_seed": 11,
-        "questions_per_round": 2,
         "completions_per_question": 3,
         "max_new_tokens": 4,
         "policy_catchup_idle_s": 0.05,
@@ -119,14 +122,30 @@ def memory_generator(
         config,
         backend,
         follower,
+        work_client=MemoryConsumerClient(bus, "generator"),
         publisher=publisher,
         swarm_publisher=publisher,
         topics=topics,
         metrics=metrics,
+        transport=transport,
         health=health,
         stop=stop,
+        dead_letters=DeadLetters(publisher, topics.dlq, "generator", transport),
     )
     return MemoryGenerator(core, follower, bus, topics, registry, health, stop)
+
+
+def plan(
+    gen: MemoryGenerator, version: int, per_round: int = 2, mode: str = "lockstep", **pacing: int
+) -> None:
+    """Publish the work the node's trainer would once `version` exists (a fresh planner each call:
+    rounds from `version` on, as a trainer starting at that version plans them)."""
+    settings = PacingSettings(round_mode=PacingMode(mode), **pacing)
+    publisher = MemoryPublisher(gen.bus)
+    planner = WorkPlanner(
+        publisher, gen.topics.work, "node-a", per_round=per_round, pacing=settings.pacing(), flush_timeout_s=1
+    )
+    planner.plan(version)
 
 
 def policy_update(written: Written, node_id: str, version: int, sha256: str | None = None) -> bytes:
