@@ -53,6 +53,7 @@ from prometheus_client import CollectorRegistry
 
 from sapo.broker import EmbeddedBroker
 from sapo.convert import question_to_proto
+from sapo.identity import Sender
 from sapo.kafka import (
     ConsumerLoop,
     Disposition,
@@ -144,7 +145,7 @@ def build_local(count: int, seed: int) -> list[Scored]:
     screen = Screen(screen_config(None, VerifyMode.EAGER), SeenGroups(1_000_000))
     out: list[Scored] = []
     while len(out) < count:
-        verdict = screen.check(build_group(RECEIVER, stream, rng), "local", time.time(), 0)
+        verdict = screen.check(build_group(RECEIVER, stream, rng), "local", time.time(), 0, Sender(RECEIVER))
         if isinstance(verdict, Scored):
             out.append(verdict)
     return out
@@ -210,7 +211,8 @@ class Sampler:
 
     def handle(self, record: Record) -> Disposition:
         now = time.time()
-        verdict = self.screen.check(parse(record.value, 1 << 20), "external", now, self.batches)
+        group = parse(record.value, 1 << 20)
+        verdict = self.screen.check(group, "external", now, self.batches, Sender(group.node_id))
         if isinstance(verdict, str):
             self._count(verdict)
         elif self.assembler.add(verdict, record, now) is None:
@@ -258,7 +260,7 @@ def paths(
         return Disposition.DONE
 
     def one_task_prefilter(record: Record) -> str | None:
-        return header_reason(record.headers, record.value, "external", one_task)
+        return header_reason(record.headers, "external", one_task)
 
     def sampler(cfg: ScreenConfig) -> Sampler:
         return Sampler(Screen(cfg, SeenGroups(1_000_000)), batch_every, iter(local))
@@ -290,7 +292,7 @@ def cost_per_message(messages: list[Message], sample: int = 2000) -> dict[str, f
         screen = Screen(screen_config(None, verify), SeenGroups(1_000_000))
         start = time.perf_counter()
         for group in groups:
-            screen.check(group, "external", time.time(), 0)
+            screen.check(group, "external", time.time(), 0, Sender(group.node_id))
         out[f"check, {verify}"] = 1e6 * (time.perf_counter() - start) / len(groups)
     return out
 

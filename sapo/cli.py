@@ -10,6 +10,7 @@ and transformers (seconds), which `sapo broker`, `sapo topics` and `--help` neve
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import shlex
 import signal
@@ -22,6 +23,8 @@ from pathlib import Path
 from types import FrameType
 
 from sapo.broker import DEFAULT_HOST, LIBRDKAFKA_LOG, BrokerError, EmbeddedBroker
+from sapo.identity import cli as keys_cli
+from sapo.kafka import KafkaPublisher
 from sapo.settings import ConfigError
 from sapo.topics import (
     DEFAULT_PREFIX,
@@ -214,10 +217,23 @@ def _run_experiment(args: argparse.Namespace) -> int:
     )
 
 
+def _publish_record(
+    bootstrap: str, topic: str, key: bytes, value: bytes, timeout_s: float
+) -> tuple[int, int]:
+    """One record, acknowledged (`sapo keys announce` and `revoke`); DeliveryError when it is not."""
+    return KafkaPublisher({"bootstrap.servers": bootstrap}).send_sync(topic, key, value, timeout_s=timeout_s)
+
+
 SUBCOMMANDS: tuple[Subcommand, ...] = (
     Subcommand("broker", "run the embedded Kafka-API broker (tansu)", _add_broker_arguments, _run_broker),
     Subcommand("topics", "create the swarm and node topics (idempotent)", _add_topics_arguments, _run_topics),
     Subcommand("swarm", "run a local swarm of nodes end to end", _add_swarm_arguments, _run_swarm),
+    Subcommand(
+        "keys",
+        "node keys, trust lists and key announcements",
+        keys_cli.add_arguments,
+        functools.partial(keys_cli.run, publish=_publish_record),
+    ),
     Subcommand(
         "experiment",
         "the paper's I/J comparison over seeds, with a results report",

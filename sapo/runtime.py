@@ -1,7 +1,8 @@
 """What every service process sets up before its own loop, and tears down in reverse order after it.
 
-`serve` is the one shape of the three entrypoints: settings -> runtime -> the service, built from both
--> run until SIGTERM -> close the service -> close the runtime.
+`serve` is the one shape of the three entrypoints: arguments (`--help` only: services are configured
+through the environment) -> settings -> runtime -> the service, built from both -> run until SIGTERM
+-> close the service -> close the runtime.
 
 Order on start: logging -> resolved config logged (secrets masked) -> registry and metrics -> ops
 server -> signal handlers -> producers. Order on stop (SIGTERM sets the stop flag; the loop finishes
@@ -11,18 +12,22 @@ server.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Protocol, TypeVar
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
 
 from sapo.kafka import DeadLetters, KafkaConsumerClient, KafkaPublisher, TransportMetrics
 from sapo.lifecycle import StopFlag, install_signal_handlers
 from sapo.ops import Health, OpsServer, configure_logging
-from sapo.settings import ServiceSettings, describe, load_settings
+from sapo.settings import ServiceSettings, describe, env_fields, load_settings
 from sapo.topics import TopicNames
 
 log = logging.getLogger(__name__)
@@ -40,6 +45,12 @@ class Service(Protocol):
     def close(self) -> None:
         """Commit what is finished and leave the consumer groups."""
         ...
+
+
+def consumer_group(prefix: str, node_id: str, role: str) -> str:
+    """The consumer group of one role of a node: `<prefix>.<node>.<role>` (the chart's ACLs allow the
+    `<prefix>.<node>.` prefix)."""
+    return f"{prefix}.{node_id}.{role}"
 
 
 @dataclass
@@ -62,7 +73,7 @@ class Runtime:
         """A consumer in group `<prefix>.<node>.<role>`; per_process gives each replica its own group
         (for streams every replica must see whole, such as the policy topic)."""
         conn = self.settings.swarm_connection if swarm else self.settings.kafka
-        group = f"{self.settings.topic_prefix}.{self.settings.node_id}.{role}"
+        group = consumer_group(self.settings.topic_prefix, self.settings.node_id, role)
         if per_process:
             group += f".{uuid.uuid4().hex[:12]}"
         config = conn.to_librdkafka() | self.settings.consumer.to_librdkafka()
@@ -79,6 +90,9 @@ def start_runtime(service: str, settings: ServiceSettings, *, install_signals: b
     configure_logging(settings.log_level, settings.log_format, service, settings.node_id)
     log.info("starting %s with %s", service, describe(settings))
     registry = CollectorRegistry()
+    # The default process_* (CPU, memory, fds, start time: the alerts' warm-up) and python_* series.
+    for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+        registry.register(collector)
     health = Health()
     transport = TransportMetrics(registry, service)
     stop = StopFlag()
@@ -113,10 +127,53 @@ def start_runtime(service: str, settings: ServiceSettings, *, install_signals: b
     )
 
 
-def serve(name: str, settings_class: type[S], build: Callable[[S, Runtime], Service | None]) -> int:
+def _default(field: FieldInfo) -> str:
+    if field.is_required():
+        return "required"
+    if field.default_factory is not None or field.default is PydanticUndefined:
+        return "see description"
+    if field.default is None:
+        return "unset"
+    value = field.default.value if isinstance(field.default, Enum) else field.default
+    return f"default {value}"
+
+
+def settings_help(settings_class: type[ServiceSettings]) -> str:
+    """Every environment variable the settings class reads, with its default and description."""
+    prefix = str(settings_class.model_config.get("env_prefix", ""))
+    rows = [
+        (prefix + env, f"{_default(f)}; {f.description or ''}".rstrip("; "))
+        for env, f in env_fields(settings_class).items()
+    ]
+    width = max(len(variable) for variable, _ in rows)
+    return "settings (environment variables):\n" + "\n".join(
+        f"  {v.ljust(width)}  {text}" for v, text in rows
+    )
+
+
+def parse_service_args(name: str, settings_class: type[ServiceSettings], argv: Sequence[str] | None) -> None:
+    """Print the help and exit 0 on -h/--help; exit 2 on any other argument (a stray `args:` in a
+    deployment fails loudly at start); return otherwise."""
+    doc = (settings_class.__doc__ or "").strip().splitlines()
+    parser = argparse.ArgumentParser(
+        prog=f"sapo-{name}",
+        description=doc[0] if doc else None,
+        epilog=settings_help(settings_class),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.parse_args(argv)
+
+
+def serve(
+    name: str,
+    settings_class: type[S],
+    build: Callable[[S, Runtime], Service | None],
+    argv: Sequence[str] | None = None,
+) -> int:
     """Run one service process; exit status 0 on a clean stop. `build` returns None when the process
     was stopped while starting (nothing was consumed). Bad configuration raises `ConfigError`, which
     exits with the message saying what to set."""
+    parse_service_args(name, settings_class, argv)
     settings = load_settings(settings_class)
     runtime = start_runtime(name, settings)
     try:

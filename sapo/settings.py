@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import logging
 import os
+import types
+import typing
 from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from sapo.identity.settings import IdentitySettings
 from sapo.topics import NODE_ID_PATTERN
 
 log = logging.getLogger(__name__)
@@ -160,9 +164,10 @@ class ServiceSettings(BaseSettings):
     max_message_bytes: int = Field(
         8 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024, description="Larger payloads are dead-lettered."
     )
-    signing_key: SecretStr | None = Field(
-        None,
-        description="Shared HMAC key of the swarm; when set, unsigned or mis-signed groups are rejected.",
+    identity: IdentitySettings = Field(
+        default_factory=IdentitySettings,
+        description="This node's key and whom it trusts (IDENTITY__MODE, IDENTITY__PRIVATE_KEY_FILE, "
+        "IDENTITY__TRUST_FILE, ...; sapo.identity.settings).",
     )
 
     @property
@@ -171,6 +176,32 @@ class ServiceSettings(BaseSettings):
 
 
 S = TypeVar("S", bound=ServiceSettings)
+
+
+def field_types(info: FieldInfo) -> list[Any]:
+    """The member types of a field's annotation (`X | None` -> [X, NoneType])."""
+
+    def members(annotation: Any) -> list[Any]:
+        if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+            return [m for a in typing.get_args(annotation) for m in members(a)]
+        return [annotation]
+
+    return members(info.annotation)
+
+
+def env_fields(model: type[BaseModel], prefix: str = "") -> dict[str, FieldInfo]:
+    """Every setting of a settings class by its env name after the service prefix (nested models'
+    fields joined with `__`, as pydantic-settings reads them): what --help lists and the chart's
+    values schema accepts."""
+    fields: dict[str, FieldInfo] = {}
+    for name, info in model.model_fields.items():
+        env = f"{prefix}{name.upper()}"
+        nested = [m for m in field_types(info) if isinstance(m, type) and issubclass(m, BaseModel)]
+        if nested:
+            fields |= env_fields(nested[0], f"{env}__")
+        else:
+            fields[env] = info
+    return fields
 
 
 def unknown_env(cls: type[BaseSettings], environ: Mapping[str, str]) -> list[str]:

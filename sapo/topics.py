@@ -30,7 +30,7 @@ NODE_ID_RE: Final = re.compile(NODE_ID_PATTERN)
 PREFIX_RE: Final = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 #: Apache Kafka's legal topic names (kafka.common.internals.Topic).
 TOPIC_NAME_RE: Final = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
-#: The policy topic keeps only the latest PolicyUpdate per node id.
+#: The policy topic keeps only the latest PolicyUpdate per node id; the keys topic the last word on a key.
 COMPACT: Final[Mapping[str, str]] = MappingProxyType({"cleanup.policy": "compact"})
 WORK_PARTITIONS: Final = 8
 """Default partitions of a node's work topic: the most generator replicas that share its work (a
@@ -90,16 +90,18 @@ class TopicNames:
     batches: str
     policy: str
     dlq: str
+    swarm_keys: str
     work: str
 
     def __post_init__(self) -> None:
         validate_node_id(self.node_id)
-        for name in (self.swarm_rollouts, self.rollouts, self.batches, self.policy, self.dlq, self.work):
+        names = (self.swarm_rollouts, self.rollouts, self.batches, self.policy, self.dlq, self.swarm_keys)
+        for name in (*names, self.work):
             validate_topic_name(name)
 
     @classmethod
     def for_node(cls, node_id: str, prefix: str = DEFAULT_PREFIX) -> TopicNames:
-        """The default names: `<prefix>.swarm.rollouts` and `<prefix>.node.<id>.{rollouts,...}`."""
+        """The default names: `<prefix>.swarm.{rollouts,keys}` and `<prefix>.node.<id>.{rollouts,...}`."""
         validate_node_id(node_id)
         if not PREFIX_RE.match(prefix):
             raise ValueError(
@@ -113,18 +115,21 @@ class TopicNames:
             batches=f"{node}.batches",
             policy=f"{node}.policy",
             dlq=f"{node}.dlq",
+            swarm_keys=f"{prefix}.swarm.keys",
             work=f"{node}.work",
         )
 
     def specs(
         self, partitions: int = 1, replication_factor: int = 1, work_partitions: int = WORK_PARTITIONS
     ) -> list[TopicSpec]:
-        """Specs for all six topics; `partitions` applies to the swarm, rollout and DLQ topics.
+        """Specs for all seven topics; `partitions` applies to the swarm, rollout and DLQ topics.
 
         The batch and policy topics always have one partition: a node's batches are its optimizer
         steps, trained in sequence order, and the policy topic carries one key (the node id) whose
-        versions generators need in order. The work topic has `work_partitions`, as many as the most
-        generator replicas of the node.
+        versions generators need in order. The keys topic (signed key announcements,
+        `sapo.identity`) is compacted with one partition too: a rotation must be read after the
+        admission it builds on. The work topic has `work_partitions`, as many as the most generator
+        replicas of the node.
         """
         rf = replication_factor
         return [
@@ -133,6 +138,7 @@ class TopicNames:
             TopicSpec(self.batches, 1, rf),
             TopicSpec(self.policy, 1, rf, dict(COMPACT)),
             TopicSpec(self.dlq, partitions, rf),
+            TopicSpec(self.swarm_keys, 1, rf, dict(COMPACT)),
             TopicSpec(self.work, work_partitions, rf),
         ]
 

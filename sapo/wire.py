@@ -1,4 +1,4 @@
-"""The wire contract at the edge: header names, signing, bounded decoding and structural validation.
+"""The wire contract at the edge: header names, bounded decoding and structural validation.
 
 Filters that only need routing facts (producing node, task, schema version) read headers, so a
 sampler can drop most of the swarm's traffic without parsing protobuf. Decoding is bounded by size
@@ -7,13 +7,11 @@ and every failure becomes an `InvalidMessageError` with a short, metric-safe rea
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import math
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -26,7 +24,6 @@ H_NODE = "sapo-node-id"
 H_TASK = "sapo-task"
 H_SCHEMA = "sapo-schema-version"
 H_TYPE = "sapo-type"
-H_SIGNATURE = "sapo-signature"
 
 Headers = Mapping[str, bytes]
 M = TypeVar("M", bound=Message)
@@ -41,14 +38,16 @@ class InvalidMessageError(ValueError):
         self.detail = detail
 
 
-def sign(value: bytes, key: bytes) -> str:
-    """HMAC-SHA256 of the payload, hex; proves the group came from a holder of the swarm key."""
-    return hmac.new(key, value, hashlib.sha256).hexdigest()
+class HeaderSigner(Protocol):
+    """Adds identity headers to a message's routing headers (`sapo.identity.Signer`)."""
+
+    def sign_headers(self, headers: Sequence[tuple[str, bytes]], value: bytes) -> list[tuple[str, bytes]]: ...
 
 
 def message_headers(
-    msg_type: str, node_id: str, value: bytes, task: str = "", key: bytes | None = None
+    msg_type: str, node_id: str, value: bytes, task: str = "", signer: HeaderSigner | None = None
 ) -> list[tuple[str, bytes]]:
+    """Routing headers; signed by `signer` (the node's key) when given."""
     headers = [
         (H_TYPE, msg_type.encode()),
         (H_NODE, node_id.encode()),
@@ -56,28 +55,18 @@ def message_headers(
     ]
     if task:
         headers.append((H_TASK, task.encode()))
-    if key is not None:
-        headers.append((H_SIGNATURE, sign(value, key).encode()))
-    return headers
+    return signer.sign_headers(headers, value) if signer is not None else headers
 
 
 def rollout_headers(
-    group: rollout_pb2.RolloutGroup, value: bytes, key: bytes | None = None
+    group: rollout_pb2.RolloutGroup, value: bytes, signer: HeaderSigner | None = None
 ) -> list[tuple[str, bytes]]:
-    return message_headers("RolloutGroup", group.node_id, value, group.question.task, key)
+    return message_headers("RolloutGroup", group.node_id, value, group.question.task, signer)
 
 
 def header_str(headers: Headers, name: str) -> str:
     raw = headers.get(name)
     return raw.decode("utf-8", "replace") if raw is not None else ""
-
-
-def check_signature(headers: Headers, value: bytes, key: bytes) -> str | None:
-    """None when the signature is valid, else a rejection reason."""
-    got = header_str(headers, H_SIGNATURE)
-    if not got:
-        return "unsigned"
-    return None if hmac.compare_digest(got, sign(value, key)) else "bad_signature"
 
 
 def decode(cls: type[M], value: bytes | None, max_bytes: int) -> M:

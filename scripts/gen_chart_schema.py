@@ -17,12 +17,10 @@ import argparse
 import enum
 import json
 import sys
-import types
 import typing
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from sapo.generator.settings import GeneratorSettings  # noqa: E402
 from sapo.sampler.settings import SamplerSettings  # noqa: E402
-from sapo.settings import ServiceSettings  # noqa: E402
+from sapo.settings import ServiceSettings, env_fields, field_types  # noqa: E402
 from sapo.trainer.settings import TrainerSettings  # noqa: E402
 
 SCHEMA = ROOT / "deploy/k8s/sapo-node/values.schema.json"
@@ -41,24 +39,18 @@ SERVICES: dict[str, type[ServiceSettings]] = {
 }
 CHART_OWNED = frozenset(
     {"NODE_ID", "TOPIC_PREFIX", "HTTP_HOST", "HTTP_PORT", "HTTP_PORT_FILE", "LOG_FORMAT", "LOG_LEVEL"}
-    | {"SIGNING_KEY", "CHECKPOINT_ROOT"}
+    | {"CHECKPOINT_ROOT"}
 )
-"""Set by the chart from its own values (node id, ports, logging, the signing key's Secret, the
-checkpoint volume); the Kafka connections too (`kafka`, `swarmKafka` values). `MODEL` stays settable
-per service: the chart's `model` value sets it for both, and refuses to be given twice."""
-CHART_OWNED_PREFIXES = ("KAFKA__", "SWARM_KAFKA__")
-
-
-def _unwrap(annotation: Any) -> list[Any]:
-    """The member types of an annotation (`X | None` -> [X, None])."""
-    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
-        return [m for a in typing.get_args(annotation) for m in _unwrap(a)]
-    return [annotation]
+"""Set by the chart from its own values (node id, ports, logging, the checkpoint volume); the Kafka
+connections and the node's identity too (`kafka`, `swarmKafka`, `identity` values: the key Secret and
+trust list ConfigMap are mounted by the chart). `MODEL` stays settable per service: the chart's
+`model` value sets it for both, and refuses to be given twice."""
+CHART_OWNED_PREFIXES = ("KAFKA__", "SWARM_KAFKA__", "IDENTITY__")
 
 
 def _value_schema(info: FieldInfo) -> dict[str, Any]:
     """Env values are strings; YAML may hand the chart numbers or booleans, which it prints as text."""
-    members = [m for m in _unwrap(info.annotation) if m is not type(None)]
+    members = [m for m in field_types(info) if m is not type(None)]
     schema: dict[str, Any] = {"type": ["string", "number", "integer", "boolean"]}
     enums = [m for m in members if isinstance(m, type) and issubclass(m, enum.Enum)]
     literals = [v for m in members if typing.get_origin(m) is typing.Literal for v in typing.get_args(m)]
@@ -67,24 +59,6 @@ def _value_schema(info: FieldInfo) -> dict[str, Any]:
     if info.description:
         schema["description"] = info.description
     return schema
-
-
-def env_fields(model: type[BaseModel], prefix: str = "") -> dict[str, FieldInfo]:
-    """Every setting of a settings class by its env name without the service prefix; nested models'
-    fields joined with `__` (as pydantic-settings reads them)."""
-    fields: dict[str, FieldInfo] = {}
-    for name, info in model.model_fields.items():
-        env = f"{prefix}{name.upper()}"
-        nested = [
-            m
-            for m in _unwrap(info.annotation)
-            if isinstance(m, type) and issubclass(m, BaseModel) and not issubclass(m, SecretStr)
-        ]
-        if nested:
-            fields |= env_fields(nested[0], f"{env}__")
-        else:
-            fields[env] = info
-    return fields
 
 
 def settings_schema(settings: type[ServiceSettings]) -> dict[str, Any]:

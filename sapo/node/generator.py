@@ -35,6 +35,7 @@ from sapo.backends import GenerationBackend
 from sapo.generator import Item, generate_items
 from sapo.generator.settings import GeneratorSettings
 from sapo.generator.sharing import scored_rewards
+from sapo.identity import IdentityError
 from sapo.kafka import (
     ConsumerClient,
     ConsumerLoop,
@@ -52,10 +53,11 @@ from sapo.node.metrics import GeneratorMetrics
 from sapo.node.policy import WEIGHTS_OK, PolicyFollower
 from sapo.ops import Health
 from sapo.runtime import Runtime
+from sapo.settings import ConfigError
 from sapo.tasks import TaskStream
 from sapo.topics import TopicNames
 from sapo.v1 import rollout_pb2, work_pb2
-from sapo.wire import InvalidMessageError, decode, rollout_headers, validate_work_item
+from sapo.wire import HeaderSigner, InvalidMessageError, decode, rollout_headers, validate_work_item
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +85,7 @@ class GeneratorService:
         health: Health,
         stop: StopFlag,
         dead_letters: DeadLetters | None = None,
+        signer: HeaderSigner | None = None,
     ) -> None:
         self._settings = settings
         self._backend = backend
@@ -95,8 +98,7 @@ class GeneratorService:
         self._stop = stop
         self._source = round_source(settings, backend.tokenizer)
         self._stream = TaskStream(settings.task_profile(), self._source.node_seed, "train")
-        key = settings.signing_key
-        self._signing_key = key.get_secret_value().encode() if key is not None else None
+        self._signer = signer
         self._held: dict[tuple[int, int], tuple[Item, Record]] = {}
         self.work = ConsumerLoop(
             work_client,
@@ -118,6 +120,10 @@ class GeneratorService:
         """Wire the service to the process's runtime: model, policy follower, publishers, metrics, health."""
         runtime.health.require(MODEL_LOADED, WEIGHTS_OK)
         runtime.health.set_max_silence(settings.liveness_timeout_s)
+        try:  # before the model loads: a missing key fails at once
+            signer = settings.identity.signer()
+        except IdentityError as exc:
+            raise ConfigError(f"SAPO_GENERATOR_IDENTITY: {exc}") from None
         backend = build_backend(settings)
         runtime.health.set(MODEL_LOADED, True)
         metrics = GeneratorMetrics(runtime.registry, [spec.name for spec in settings.task_profile()])
@@ -148,6 +154,7 @@ class GeneratorService:
             health=runtime.health,
             stop=runtime.stop,
             dead_letters=runtime.dead_letters,
+            signer=signer,
         )
 
     @property
@@ -282,7 +289,7 @@ class GeneratorService:
         shared = 0
         for group in groups:
             value = group.SerializeToString()
-            headers = rollout_headers(group, value, self._signing_key)
+            headers = rollout_headers(group, value, self._signer)
             key = group.group_id.encode()
             self._publisher.send(self._topics.rollouts, key, value, headers)
             if settings.shares(group):

@@ -19,6 +19,10 @@ Delivery semantics (at-least-once in; batch ids out exactly once):
   restart is safe for the same reason (the batch is either in the topic and recovered, or not).
 - SIGTERM: the current step ends, both consumers commit what is finished and leave the group; the
   pool is re-delivered to the next start.
+- Identity (`IDENTITY__MODE` strict or tofu): every swarm record's signature is verified before it
+  is decoded (`sapo.sampler.sender`), and the decoded group must name the verified node; the keys
+  topic, when followed, is read to its end before the swarm stream is consumed, then polled in
+  every step. Hostile records (forged, impersonating, header/body mismatch) are dead-lettered.
 - One sampler per node: it owns the batch sequence (run the Deployment with one replica). If a
   rebalance still takes partitions away, their pooled groups are dropped unfinished and forgotten by
   the dedupe set, so the new owner's copy is accepted.
@@ -32,17 +36,30 @@ import time
 from collections.abc import Callable
 from typing import Self
 
+from sapo.identity import IdentityError
 from sapo.kafka import ConsumerClient, ConsumerLoop, DeadLetters, Disposition, Publisher, Record
 from sapo.kafka import TransportMetrics as Transport
 from sapo.kafka.records import TopicPartition
 from sapo.lifecycle import StopFlag
 from sapo.node.build import build_sampler_core
+from sapo.node.identity import IdentityGate, IdentityMetrics, KeysFollower
 from sapo.node.metrics import SamplerMetrics
 from sapo.node.recovery import read_history
 from sapo.ops import Health
 from sapo.runtime import Runtime
-from sapo.sampler import ORIGINS, Assembly, History, Origin, SamplerCore, Scored, header_reason, parse
+from sapo.sampler import (
+    ORIGINS,
+    Assembly,
+    History,
+    Origin,
+    SamplerCore,
+    Scored,
+    header_reason,
+    parse,
+    sender_of,
+)
 from sapo.sampler.settings import SamplerSettings
+from sapo.settings import ConfigError
 from sapo.topics import TopicNames
 from sapo.wire import InvalidMessageError, message_headers, now_timestamp
 
@@ -72,9 +89,11 @@ class SamplerService:
         health: Health,
         stop: StopFlag,
         dead_letters: DeadLetters | None,
+        identity: IdentityGate | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._settings = settings
+        self._identity = identity
         self._topics = topics
         self._publisher = publisher
         self._metrics = metrics
@@ -106,6 +125,7 @@ class SamplerService:
     def from_runtime(cls, settings: SamplerSettings, runtime: Runtime) -> Self | None:
         """Recover the history from the batch topic, then wire the service; None if stopped meanwhile."""
         runtime.health.require("partitions_assigned", "recovered")
+        identity = identity_gate(runtime, settings)
         history = read_history(
             runtime.consumer("sampler-recovery", per_process=True),
             runtime.topics.batches,
@@ -118,6 +138,11 @@ class SamplerService:
         )
         if history is None:
             return None
+        if identity is not None:  # every key announced so far is known before any group is judged
+            identity.open()
+            idle_s, timeout_s = settings.identity.keys_idle_s, settings.recovery_timeout_s
+            if not identity.catch_up(idle_s, timeout_s, runtime.health.beat):
+                return None
         runtime.health.set("recovered", True)
         shortfall = settings.external_shortfall()
         if shortfall is not None:
@@ -134,6 +159,7 @@ class SamplerService:
             health=runtime.health,
             stop=runtime.stop,
             dead_letters=runtime.dead_letters,
+            identity=identity,
         )
 
     @property
@@ -150,6 +176,8 @@ class SamplerService:
 
     def step(self) -> bool:
         """One poll of each stream, then emit every due batch; True when a record was read."""
+        if self._identity is not None:
+            self._identity.poll()
         got = self.local.step(0.0)
         got = self.swarm.step(0.0) or got
         self._emit_due()
@@ -168,18 +196,19 @@ class SamplerService:
             self.local.close()
         finally:
             self.swarm.close()
+            if self._identity is not None:
+                self._identity.close()
 
     def _prefilter(self, origin: Origin, record: Record) -> str | None:
         self._metrics.consumed.labels(origin).inc()
-        reason = header_reason(record.headers, record.value, origin, self.core.screen.cfg)
+        reason = header_reason(record.headers, origin, self.core.screen.cfg)
         if reason is not None:
             self._metrics.rejected.labels(reason).inc()
         return reason
 
     def _handle(self, origin: Origin, record: Record) -> Disposition:
         try:
-            group = parse(record.value, self._settings.max_message_bytes)
-            reason = self.core.admit(group, origin, record, self._clock())
+            reason = self._admit(origin, record)
         except InvalidMessageError as exc:  # counted here; the loop dead-letters and finishes it
             self._metrics.rejected.labels(exc.reason).inc()
             raise
@@ -187,6 +216,16 @@ class SamplerService:
             self._metrics.rejected.labels(reason).inc()
             return Disposition.DONE
         return Disposition.HELD
+
+    def _admit(self, origin: Origin, record: Record) -> str | None:
+        """Identify (before decoding), decode and admit one record; the reason it was not pooled."""
+        now = self._clock()
+        node, gate = self._settings.node_id, self._identity
+        sender = sender_of(record.headers, record.value, origin, node_id=node, store=gate, now_s=now)
+        if isinstance(sender, str):
+            return sender
+        group = parse(record.value, self._settings.max_message_bytes, record.headers)
+        return self.core.admit(group, origin, record, now, sender)
 
     def _emit_due(self) -> None:
         while (assembly := self.core.next_batch(self._clock())) is not None:
@@ -244,3 +283,26 @@ class SamplerService:
         gone = set(tps)
         pool = self.core.assembler.pool
         self.core.forget({e.group_id for o in ORIGINS for e in pool.entries(o) if e.handle.tp in gone})
+
+
+def identity_gate(runtime: Runtime, settings: SamplerSettings) -> IdentityGate | None:
+    """The trust store, its keys-topic follower and metrics; None with identity off."""
+    try:
+        store = settings.identity.store()
+    except IdentityError as exc:
+        raise ConfigError(f"SAPO_SAMPLER_IDENTITY: {exc}") from None
+    if store is None:
+        return None
+    metrics = IdentityMetrics(runtime.registry, SERVICE)
+    follower = None
+    if settings.identity.keys_topic:
+        follower = KeysFollower(
+            runtime.consumer("sampler-keys", swarm=True, per_process=True),
+            runtime.topics.swarm_keys,
+            store,
+            metrics=metrics,
+            transport=runtime.transport,
+            stop=runtime.stop,
+            dead_letters=runtime.dead_letters,
+        )
+    return IdentityGate(store, metrics, follower=follower, pins_file=settings.identity.pins_file)

@@ -4,6 +4,7 @@ No Kafka here: the service (`sapo.node.sampler`) feeds consumed messages in and 
 out. Module map:
 - `screen`: header prefilter, bounded decode, the per-group filter pipeline, rejection reasons,
   eager or lazy (at selection) verification.
+- `sender`: who sent a group (the verified node identity on the swarm stream, `sapo.identity`).
 - `seen`: the bounded dedupe set of group ids.
 - `verifier`: re-derivation and local rewards, with result caching that never skips a check.
 - `pool`: accepted groups waiting for a batch, bounded per origin.
@@ -31,6 +32,7 @@ from sapo.sampler.screen import (
 )
 from sapo.sampler.seen import SeenGroups
 from sapo.sampler.selection import Mix, MixPolicy, SelectionPolicy, pick_external, plan
+from sapo.sampler.sender import sender_of
 from sapo.sampler.verifier import Verifier
 
 __all__ = [
@@ -64,4 +66,5 @@ __all__ = [
     "parse",
     "pick_external",
     "plan",
+    "sender_of",
 ]

@@ -16,6 +16,7 @@ from typing import Final, Generic, TypeVar
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from sapo.identity import Sender
 from sapo.sampler.assembler import Assembler, Assembly, AssemblyConfig, Discard, make_assembler
 from sapo.sampler.batch import History, Position, build_batch
 from sapo.sampler.screen import Origin, Scored, Screen, ScreenConfig
@@ -40,10 +41,13 @@ class SamplerCore(Generic[H]):
         self.screen = Screen(screen, seen, on_arrival=self._arrived)
         self.assembler: Assembler[H] = make_assembler(assembly, history.next_round, self.screen.verify)
 
-    def admit(self, group: rollout_pb2.RolloutGroup, origin: Origin, handle: H, now_s: float) -> str | None:
-        """Screen and pool one decoded group; the reason it was not pooled, or None when it was.
-        Raises `InvalidMessageError` for a malformed or unverifiable group (the caller dead-letters it)."""
-        verdict = self.screen.check(group, origin, now_s, self.sequence)
+    def admit(
+        self, group: rollout_pb2.RolloutGroup, origin: Origin, handle: H, now_s: float, sender: Sender
+    ) -> str | None:
+        """Screen and pool one decoded group sent by `sender` (`sapo.sampler.sender`); the reason it
+        was not pooled, or None when it was. Raises `InvalidMessageError` for a malformed or
+        unverifiable group, or one that is not its sender's (the caller dead-letters it)."""
+        verdict = self.screen.check(group, origin, now_s, self.sequence, sender)
         if isinstance(verdict, Scored) or verdict in FRESH_REASONS:
             self.assembler.screened(origin)
         if isinstance(verdict, str):

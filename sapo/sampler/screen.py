@@ -3,9 +3,12 @@
 Steps run cheapest first, so most of a large swarm's traffic is dropped before it costs anything:
 
 1. `header_reason`: routing facts from headers, before decoding (own node on the swarm stream, task
-   not accepted, unknown schema version, signature when a swarm key is set).
-2. `parse`: bounded decode and structural validation (`InvalidMessageError` -> dead letter).
-3. `Screen.check`: identity (the decoded group agrees with the header filters: headers can lie), age
+   not accepted, unknown schema version). Then, still before decoding, who sent it
+   (`sapo.sampler.sender`: the signature verified against the node's trust list, `sapo.identity`).
+2. `parse`: bounded decode and structural validation, including that the body agrees with the
+   routing headers (`InvalidMessageError` -> dead letter).
+3. `Screen.check`: identity (the decoded group is the verified sender's and of an accepted task;
+   only then does lock-step count it as arrived), age
    or staleness, dedupe by group id, the split claimed in provenance, then `Screen.verify`:
    re-derivation of question and answer from provenance (a mismatch raises `InvalidMessageError` ->
    dead letter), rewards recomputed by the local verifier (the sender's rewards never reach a
@@ -48,6 +51,7 @@ from typing import Final, Literal
 
 from sapo.convert import question_from_proto
 from sapo.grpo.advantages import SIGNAL_TOLERANCE, AdvantageScale, group_advantages, has_signal
+from sapo.identity.trust import IDENTITY_REASONS, Sender
 from sapo.sampler.seen import SeenGroups
 from sapo.sampler.verifier import Verifier
 from sapo.tasks import REJECTION_REASONS
@@ -58,7 +62,6 @@ from sapo.wire import (
     H_TASK,
     SCHEMA_VERSION,
     InvalidMessageError,
-    check_signature,
     decode,
     header_str,
     validate_rollout_group,
@@ -67,13 +70,15 @@ from sapo.wire import (
 Origin = Literal["local", "external"]
 ORIGINS: Final[tuple[Origin, ...]] = ("local", "external")
 
-HEADER_REASONS: Final = ("own_node", "task_not_accepted", "schema_version", "unsigned", "bad_signature")
+HEADER_REASONS: Final = ("own_node", "task_not_accepted", "schema_version")
 MALFORMED_REASONS: Final = (
     # sapo.wire.decode
     "empty_payload",
     "oversized",
     "undecodable",
     "schema_version",
+    # parse: the body says another task than the (signed) routing headers
+    "header_mismatch",
     # sapo.wire.validate_rollout_group
     "bad_group_id",
     "missing_node_id",
@@ -99,7 +104,7 @@ SCREEN_REASONS: Final = (
 )
 POOL_REASONS: Final = ("late_round", "future_round", "expired", "evicted", "unused")
 REASONS: Final[tuple[str, ...]] = tuple(
-    dict.fromkeys((*HEADER_REASONS, *MALFORMED_REASONS, *SCREEN_REASONS, *POOL_REASONS))
+    dict.fromkeys((*HEADER_REASONS, *IDENTITY_REASONS, *MALFORMED_REASONS, *SCREEN_REASONS, *POOL_REASONS))
 )
 """Every reason a group can be rejected or discarded for: metric labels are initialised from this."""
 
@@ -124,7 +129,6 @@ class ScreenConfig:
     max_message_bytes: int
     max_external_age_s: float
     max_policy_lag: int
-    signing_key: bytes | None
     advantage_scale: AdvantageScale
     advantage_eps: float
     verify: VerifyMode
@@ -155,6 +159,8 @@ class Scored:
 
     @property
     def peer(self) -> str:
+        """The sending node: `Screen.check` admits only groups that name their verified sender, so
+        per-peer quotas count verified identities."""
         return self.group.node_id
 
     @property
@@ -169,13 +175,11 @@ class Scored:
 ArrivalHook = Callable[[rollout_pb2.RolloutGroup, Origin, float], None]
 
 
-def header_reason(
-    headers: Mapping[str, bytes], value: bytes | None, origin: Origin, cfg: ScreenConfig
-) -> str | None:
+def header_reason(headers: Mapping[str, bytes], origin: Origin, cfg: ScreenConfig) -> str | None:
     """Reject on headers alone; a missing header is not a rejection (the decoded body decides).
 
-    The signature is checked on the swarm stream only: it proves a group came from a holder of the
-    swarm key, which the node's own private rollout topic does not need.
+    These are the cheapest filters, run on claims nobody verified yet: a lying header only loses its
+    own group here, and what a group is allowed to count for is decided after verification.
     """
     if origin == "external" and header_str(headers, H_NODE) == cfg.node_id:
         return "own_node"
@@ -187,15 +191,19 @@ def header_reason(
     schema = header_str(headers, H_SCHEMA)
     if schema and schema != str(SCHEMA_VERSION):
         return "schema_version"
-    if origin == "external" and cfg.signing_key is not None:
-        return check_signature(headers, value or b"", cfg.signing_key)
     return None
 
 
-def parse(value: bytes | None, max_bytes: int) -> rollout_pb2.RolloutGroup:
-    """Decode (size checked first) and validate the structure; raises InvalidMessageError."""
+def parse(
+    value: bytes | None, max_bytes: int, headers: Mapping[str, bytes] | None = None
+) -> rollout_pb2.RolloutGroup:
+    """Decode (size checked first) and validate the structure, and that the body says the task the
+    routing headers said (a filter trusted the header); raises InvalidMessageError."""
     group = decode(rollout_pb2.RolloutGroup, value, max_bytes)
     problem = validate_rollout_group(group)
+    if problem is None and headers is not None:
+        task = header_str(headers, H_TASK)
+        problem = "header_mismatch" if task and task != group.question.task else None
     if problem is not None:
         raise InvalidMessageError(problem, f"group {group.group_id!r} from {group.node_id!r}")
     return group
@@ -222,17 +230,28 @@ class Screen:
         self._on_arrival = on_arrival
 
     def check(
-        self, group: rollout_pb2.RolloutGroup, origin: Origin, now_s: float, target_version: int
+        self,
+        group: rollout_pb2.RolloutGroup,
+        origin: Origin,
+        now_s: float,
+        target_version: int,
+        sender: Sender,
     ) -> Scored | str:
         """The scored group (unverified for an external group in lazy mode), or the reason it is not
-        used. Raises InvalidMessageError when the group is malformed or not what its provenance says
-        (dead-lettered by the loop).
+        used. Raises InvalidMessageError when the group is malformed, not its sender's
+        ("identity_mismatch") or not what its provenance says (dead-lettered by the loop).
 
-        `on_arrival` sees every group that is genuinely of its node and, for peers, of an accepted
-        task, before freshness and signal filters: lock-step rounds count a round's groups as arrived
-        even when unusable. The node's own groups count whatever their task, so a node that trains on
-        only some of its tasks still closes its rounds.
+        `sender` is who sent it as far as the receiver can tell (`sapo.sampler.sender`); the group
+        must name that node, so per-peer quotas and lock-step arrival, which read `group.node_id`,
+        key on the verified identity. `on_arrival` sees every group that is genuinely of its node
+        and, for peers, of an accepted task, before freshness and signal filters: lock-step rounds
+        count a round's groups as arrived even when unusable. The node's own groups count whatever
+        their task, so a node that trains on only some of its tasks still closes its rounds.
         """
+        if sender.node_id and group.node_id != sender.node_id:
+            raise InvalidMessageError(
+                "identity_mismatch", f"group {group.group_id} names {group.node_id!r}, sent by {sender}"
+            )
         reason = self._identity_reason(group, origin)
         if reason is not None and origin == "external":  # as the header prefilter: never an arrival
             return reason

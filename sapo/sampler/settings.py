@@ -187,14 +187,12 @@ class SamplerSettings(ServiceSettings, RoundSettings):
         return self
 
     def screen_config(self) -> ScreenConfig:
-        key = self.signing_key.get_secret_value().encode() if self.signing_key is not None else None
         return ScreenConfig(
             node_id=self.node_id,
             accepted_tasks=self.accepted_tasks,
             max_message_bytes=self.max_message_bytes,
             max_external_age_s=self.max_external_age_s,
             max_policy_lag=self.max_policy_lag,
-            signing_key=key,
             advantage_scale=self.advantage_scale,
             advantage_eps=self.advantage_eps,
             verify=self.verify,

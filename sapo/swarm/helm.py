@@ -33,17 +33,21 @@ def node_values(manifest: SwarmManifest, node: NodeSpec) -> dict[str, Any]:
     """Chart values of one node of the manifest."""
     peers = sharing_peers(manifest, node)
     generator = _settings(node, "generator", peers)
+    model = resolve(manifest, node, Path("checkpoints")).generator.model
     values: dict[str, Any] = {
         "nodeId": node.id,
-        "model": resolve(manifest, node, Path("checkpoints")).generator.model,
+        "model": model,
         "topicPrefix": manifest.topic_prefix,
         "generator": {"settings": generator},
         "sampler": {"settings": _settings(node, "sampler", peers)},
         "trainer": {"settings": _settings(node, "trainer", peers)},
     }
-    if generator.get("BACKEND") == "vllm":
+    # <service>.gpu switches image, GPU limit and BACKEND/DEVICE together: the CPU image has no CUDA.
+    if generator.pop("BACKEND", None) == "vllm":
         values["generator"]["gpu"] = {"enabled": True}
-    if values["trainer"]["settings"].get("DEVICE", "cpu").startswith("cuda"):
-        # The CPU image's torch has no CUDA: give the trainer the GPU image too (trainer.image).
-        values["trainer"]["resources"] = {"limits": {"nvidia.com/gpu": 1}}
+    if values["trainer"]["settings"].pop("DEVICE", "cpu").startswith("cuda"):
+        values["trainer"]["gpu"] = {"enabled": True}
+    if "/" in model and not model.startswith("/") and ":" not in model:
+        # A Hugging Face id: downloaded into the pods' cache before the services start (offline).
+        values["models"] = {"download": {"enabled": True}}
     return values

@@ -50,6 +50,7 @@ from sapo.backends import GenerationBackend, TransformersBackend
 from sapo.checkpoints import Written
 from sapo.generator import Pacing, RoundSource, generate_items, round_items
 from sapo.generator.settings import BackendKind, DType
+from sapo.identity import Sender
 from sapo.lifecycle import StopFlag, install_signal_handlers
 from sapo.node.build import build_sampler_core, build_trainer, round_source
 from sapo.sampler import History, Origin, SamplerCore
@@ -122,8 +123,8 @@ class LockstepSampler:
 
     def offer(self, group: rollout_pb2.RolloutGroup, origin: Origin, now_s: float) -> None:
         """Screen and pool one group; rejections are counted by reason."""
-        try:
-            reason = self.core.admit(group, origin, None, now_s)
+        try:  # in one process, every group is handed over by the node that made it
+            reason = self.core.admit(group, origin, None, now_s, Sender(group.node_id))
         except InvalidMessageError as exc:  # the service dead-letters it
             reason = exc.reason
         if reason is not None:

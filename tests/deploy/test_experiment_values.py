@@ -48,10 +48,18 @@ def test_node_values_render_and_every_setting_is_accepted(
     if service == "generator":
         assert env["MODEL"] == "Qwen/Qwen2.5-0.5B-Instruct"
         assert env["BACKEND"] == "vllm"
-        assert "nvidia.com/gpu" in container(dep)["resources"]["limits"]
     if service == "trainer":
         assert env["CHECKPOINT_ROOT"] == "/var/lib/sapo/checkpoints"  # the chart's volume, not a local path
+        assert env["DEVICE"] == "cuda"
+    if service != "sampler":
+        # GPU settings only ever with the GPU image and a GPU; the hub model is fetched before start.
+        assert "sapo-swarm-gpu" in container(dep)["image"]
         assert "nvidia.com/gpu" in container(dep)["resources"]["limits"]
+        (init,) = dep["spec"]["template"]["spec"]["initContainers"]
+        assert init["args"][:3] == ["hf", "download", "Qwen/Qwen2.5-0.5B-Instruct"]
+        assert env["HF_HUB_OFFLINE"] == "1"
+    else:
+        assert "sapo-swarm-gpu" not in container(dep)["image"]
     for name in [n for n in os.environ if n.startswith("SAPO_")]:
         monkeypatch.delenv(name)
     for name, value in env.items():

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,8 @@ from transformers import PreTrainedTokenizerBase
 from sapo import wire
 from sapo.backends import SamplingConfig, TransformersBackend
 from sapo.convert import question_from_proto
+from sapo.identity import NodeKey, Sender, TrustStore
+from sapo.identity.keys import write_private
 from sapo.models import build_tiny_model, load_bundled_tokenizer, tokenizer_fingerprint
 from sapo.tasks import EASY_PROFILE, TaskStream, render_prompt
 from sapo.topics import TopicNames
@@ -31,7 +34,7 @@ from tests.unit.generator.harness import flip_byte, policy_update, write_checkpo
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
-KEY = "swarm-secret"
+KEYS = {"node-a": NodeKey.generate(), "node-b": NodeKey.generate()}
 FAILURES = "sapo_generator_weight_load_failures_total"
 REDERIVE = """
 import json, sys
@@ -48,6 +51,8 @@ def tokenizer() -> PreTrainedTokenizerBase:
 
 
 def _launch(bootstrap: str, prefix: str, node_id: str, node_seed: int, log: Path) -> subprocess.Popen[bytes]:
+    key_file = log.with_name(f"{node_id}.key")
+    write_private(key_file, KEYS[node_id])
     """`python -m services.generator.main` configured through the environment; its log goes to `log`."""
     settings = {
         "NODE_ID": node_id,
@@ -68,7 +73,7 @@ def _launch(bootstrap: str, prefix: str, node_id: str, node_seed: int, log: Path
         "MAX_AHEAD": "1",
         "ROUNDS": "2",
         "POLICY_CATCHUP_IDLE_S": "1",
-        "SIGNING_KEY": KEY,
+        "IDENTITY__PRIVATE_KEY_FILE": str(key_file),
     }
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAPO_GENERATOR_")}
     env |= {"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
@@ -131,7 +136,7 @@ def test_two_nodes_publish_verifiable_groups_with_different_questions(
             node_seed=seeds["node-b"],
             questions_per_round=2,
             completions_per_question=3,
-            signing_key=KEY,
+            identity={"private_key": KEYS["node-b"].pem().decode()},
             round_mode="async",
             max_ahead=1,
             rounds=2,
@@ -147,9 +152,14 @@ def test_two_nodes_publish_verifiable_groups_with_different_questions(
 
         everything = private["node-a"] + private["node-b"]
         assert sorted(g.group_id for g in collector.on(swarm_topic)) == sorted(g.group_id for g in everything)
+        receiver = TrustStore()  # every group, private or shared, is signed by its own node's key
+        for node, key in KEYS.items():
+            receiver.add(node, key.public, "file")
         for message in collector.records:
             assert message.value is not None
-            assert wire.check_signature(message.headers, message.value, KEY.encode()) is None
+            node = wire.header_str(message.headers, wire.H_NODE)
+            verified = receiver.identify(message.headers, message.value, time.time())
+            assert verified == Sender(node, KEYS[node].key_id)
         for group, (task, text, answer, metadata_json) in zip(
             everything, _rederive_elsewhere(everything), strict=True
         ):

@@ -46,7 +46,7 @@ def test_sasl_needs_credentials_and_secrets_are_masked() -> None:
         sasl_password="hunter2",
     )
     assert conn.to_librdkafka()["sasl.password"] == "hunter2"
-    s = DemoSettings(node_id="n", kafka=conn, signing_key="topsecret")
+    s = DemoSettings(node_id="n", kafka=conn, identity={"private_key": "topsecret"})
     dumped = str(describe(s))
     assert "hunter2" not in dumped
     assert "topsecret" not in dumped

@@ -131,6 +131,7 @@ def memory_generator(
         health=health,
         stop=stop,
         dead_letters=DeadLetters(publisher, topics.dlq, "generator", transport),
+        signer=config.identity.signer(),
     )
     return MemoryGenerator(core, follower, bus, topics, registry, health, stop)
 

@@ -16,6 +16,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from sapo.backends import Sample, SamplingConfig, TransformersBackend
 from sapo.generator import BatchContext, Item, RoundPrompt, build_group
 from sapo.grpo import pack, policy_logprobs
+from sapo.identity import Sender
 from sapo.models import load_model, tokenizer_fingerprint
 from sapo.sampler import Scored, Screen, SeenGroups, parse
 from sapo.sampler.batch import build_batch
@@ -78,9 +79,8 @@ def generated_group(family: str, node: Node, record: QuestionRecord) -> rollout_
 def received(group: rollout_pb2.RolloutGroup, receiver: str) -> Scored:
     """The group through the receiver's sampler screen: decoded, re-derived, re-scored."""
     cfg = screen_config(f"receiver-{receiver}", max_external_age_s=600.0, max_policy_lag=2)
-    checked = Screen(cfg, SeenGroups(100)).check(
-        parse(group.SerializeToString(), 1 << 20), "external", time.time(), 0
-    )
+    decoded = parse(group.SerializeToString(), 1 << 20)
+    checked = Screen(cfg, SeenGroups(100)).check(decoded, "external", time.time(), 0, Sender(decoded.node_id))
     assert isinstance(checked, Scored), checked
     return checked
 

@@ -13,6 +13,7 @@ from transformers import PreTrainedTokenizerBase
 from sapo import wire
 from sapo.backends import Sample, TransformersBackend
 from sapo.generator import Item, group_id
+from sapo.identity import NodeKey, Sender, TrustStore
 from sapo.models import build_tiny_model
 from sapo.tasks import EASY_PROFILE, TaskStream, prompt_ids
 from sapo.v1 import rollout_pb2
@@ -71,9 +72,11 @@ def test_every_group_goes_private_and_only_the_shared_subset_to_the_swarm(
             return Sample(f"{answer}</answer>", (1, 2, 3), (-0.1, -0.2, -0.3), "stop")
         return wrong_answer(prompt, index)
 
-    gen = memory_generator(
-        settings(sharing="variance", signing_key="swarm-key"), ScriptedBackend(tokenizer, script)
-    )
+    key = NodeKey.generate()
+    config = settings(sharing="variance", identity={"private_key": key.pem().decode()})
+    receiver = TrustStore()
+    receiver.add("node-a", key.public, "file")
+    gen = memory_generator(config, ScriptedBackend(tokenizer, script))
     plan(gen, 0, per_round=4)
     assert gen.core.run(until=lambda: gen.core.generated >= 4) == 4
 
@@ -86,7 +89,7 @@ def test_every_group_goes_private_and_only_the_shared_subset_to_the_swarm(
         assert record.value is not None
         group = wire.decode(rollout_pb2.RolloutGroup, record.value, 1 << 20)
         assert record.key == group.group_id.encode()
-        assert wire.check_signature(record.headers, record.value, b"swarm-key") is None
+        assert receiver.identify(record.headers, record.value, 0.0) == Sender("node-a", key.key_id)
         assert wire.header_str(record.headers, wire.H_TASK) == group.question.task
     for group in private[:2]:  # a wrong answer may earn format credit (fraction_simplification), never 1
         rewards = [c.reward for c in group.completions]

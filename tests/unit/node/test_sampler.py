@@ -4,15 +4,19 @@ committed only after the batch, recovery after a crash, and partitions taken awa
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Sequence
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from sapo.identity import NodeKey, TrustStore
+from sapo.identity.announce import add_statement, announcement, record_key
 from sapo.kafka import DeadLetters, TransportMetrics
 from sapo.kafka.memory import MemoryBus, MemoryConsumerClient, MemoryPublisher
 from sapo.kafka.records import AssignHook, RevokeHook
 from sapo.lifecycle import StopFlag
+from sapo.node.identity import IdentityGate, IdentityMetrics, KeysFollower
 from sapo.node.metrics import SamplerMetrics
 from sapo.node.recovery import read_history
 from sapo.node.sampler import SamplerService
@@ -47,10 +51,11 @@ class LosableClient(MemoryConsumerClient):
 class Node:
     """One sampler core on a shared bus; `restart()` builds a fresh one as a restarted process would."""
 
-    def __init__(self, bus: MemoryBus, **settings: object) -> None:
+    def __init__(self, bus: MemoryBus, trust: TrustStore | None = None, **settings: object) -> None:
         self.bus = bus
         self.settings = SamplerSettings(node_id=NODE, **settings)  # type: ignore[arg-type]
         self.registry = CollectorRegistry()
+        self.trust = trust
         self.service = self._build()
 
     def _build(self) -> SamplerService:
@@ -70,6 +75,21 @@ class Node:
         transport = TransportMetrics(self.registry, "sampler")
         publisher = MemoryPublisher(self.bus)
         self.swarm_client = LosableClient(self.bus, "swarm")
+        identity = None
+        if self.trust is not None:  # wired as sapo.node.sampler.identity_gate wires it
+            metrics = IdentityMetrics(self.registry, "sampler")
+            keys = MemoryConsumerClient(self.bus, f"keys-{id(self)}-{len(self.bus.topics)}")
+            follower = KeysFollower(
+                keys,
+                TOPICS.swarm_keys,
+                self.trust,
+                metrics=metrics,
+                transport=transport,
+                stop=stop,
+                dead_letters=None,
+            )
+            identity = IdentityGate(self.trust, metrics, follower=follower)
+            identity.open()
         core = SamplerService(
             self.settings,
             TOPICS,
@@ -82,6 +102,7 @@ class Node:
             health=Health(),
             stop=stop,
             dead_letters=DeadLetters(publisher, TOPICS.dlq, "sampler", transport),
+            identity=identity,
         )
         core.local.open()
         core.swarm.open()
@@ -108,8 +129,8 @@ class Node:
         return self.registry.get_sample_value("sapo_sampler_groups_rejected_total", {"reason": reason}) or 0.0
 
 
-def publish(bus: MemoryBus, topic: str, group: rollout_pb2.RolloutGroup) -> None:
-    value, headers = encoded(group)
+def publish(bus: MemoryBus, topic: str, group: rollout_pb2.RolloutGroup, key: NodeKey | None = None) -> None:
+    value, headers = encoded(group, key)
     bus.append(topic, group.group_id.encode(), value, headers)
 
 
@@ -246,3 +267,50 @@ def test_lazy_rejects_bad_picks_with_their_reasons_and_finishes_their_offsets() 
     assert forged_bg.rewards[1] < 1.0
     node.service.close()
     assert bus.committed[("swarm", (TOPICS.swarm_rollouts, 0))] == 5  # rejected picks finished too
+
+
+def test_lockstep_counts_only_verified_arrivals_and_follows_a_key_rotation() -> None:
+    """An impersonator cannot close a peer's lock-step round; the peer's rotation announced on the
+    keys topic takes effect between rounds without a restart."""
+    bus = MemoryBus()
+    peer, mallory = NodeKey.generate(), NodeKey.generate()
+    trust = TrustStore()
+    trust.add("peer-1", peer.public, "file")
+    trust.add("peer-m", mallory.public, "file")
+    node = Node(
+        bus,
+        trust,
+        questions_per_round=2,
+        local_groups=2,
+        external_groups=1,
+        expected_peers=1,
+        max_per_source=1,
+    )
+    for record in RECORDS[:2]:
+        publish(bus, TOPICS.rollouts, real_group(record, NODE, round_=0))
+    publish(bus, TOPICS.swarm_rollouts, real_group(RECORDS[2], "peer-1", round_=0), mallory)  # impersonation
+    publish(bus, TOPICS.swarm_rollouts, real_group(RECORDS[3], "peer-1", round_=0))  # unsigned
+    node.drain()
+    assert node.batches() == []  # peer-1 has not arrived: round 0 waits for it
+    assert node.rejected("identity_mismatch") == 1
+    assert node.rejected("unsigned") == 1
+    assert [r.headers["sapo-dlq-reason"] for r in bus.topics[TOPICS.dlq]] == [
+        b"identity_mismatch",
+        b"unsigned",
+    ]
+
+    publish(bus, TOPICS.swarm_rollouts, real_group(RECORDS[4], "peer-1", round_=0), peer)
+    node.drain()
+    [batch0] = node.batches()
+    assert [bg.group.node_id for bg in batch0.groups] == [NODE, NODE, "peer-1"]
+
+    new = NodeKey.generate()
+    rotation = add_statement("peer-1", new.public, time.time(), previous_key_id=peer.key_id, overlap_s=600)
+    bus.append(TOPICS.swarm_keys, record_key(rotation), announcement(rotation, [new, peer]), [])
+    for record in RECORDS[5:7]:
+        publish(bus, TOPICS.rollouts, real_group(record, NODE, round_=1))
+    publish(bus, TOPICS.swarm_rollouts, real_group(RECORDS[7], "peer-1", round_=1), new)
+    node.drain()
+    assert [b.round for b in node.batches()] == [0, 1]
+    assert node.batches()[1].groups[-1].group.node_id == "peer-1"
+    assert node.registry.get_sample_value("sapo_sampler_key_announcements_total", {"result": "rotated"}) == 1

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from sapo.convert import question_to_proto
-from sapo.sampler import AssemblyConfig, Scored, ScreenConfig
+from sapo.identity import NodeKey, Sender, Signer
+from sapo.sampler import AssemblyConfig, Scored, Screen, ScreenConfig
 from sapo.sampler.screen import Origin
 from sapo.sampler.settings import SamplerSettings
 from sapo.tasks import EASY_PROFILE, QuestionRecord, Split, TaskStream
@@ -82,11 +83,18 @@ def real_group(
 
 
 def encoded(
-    group: rollout_pb2.RolloutGroup, key: bytes | None = None
+    group: rollout_pb2.RolloutGroup, key: NodeKey | None = None
 ) -> tuple[bytes, list[tuple[str, bytes]]]:
-    """(value, headers) as a generator publishes them."""
+    """(value, headers) as a generator publishes them (signed with `key` when given)."""
     value = group.SerializeToString()
-    return value, rollout_headers(group, value, key)
+    return value, rollout_headers(group, value, Signer(key) if key is not None else None)
+
+
+def honest(
+    screen: Screen, group: rollout_pb2.RolloutGroup, origin: Origin, now_s: float, target_version: int
+) -> Scored | str:
+    """`Screen.check` of a group whose sender was verified to be the node it names."""
+    return screen.check(group, origin, now_s, target_version, Sender(group.node_id))
 
 
 def scored(

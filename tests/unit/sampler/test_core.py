@@ -7,10 +7,12 @@ import time
 import pytest
 
 from sapo import wire
+from sapo.identity import Sender
 from sapo.node.build import build_sampler_core
-from sapo.sampler import History, SamplerCore
+from sapo.sampler import History, Origin, SamplerCore
 from sapo.sampler.settings import SamplerSettings
-from sapo.v1 import batch_pb2
+from sapo.v1 import batch_pb2, rollout_pb2
+from sapo.wire import InvalidMessageError
 from tests.unit.sampler.builders import questions, real_group
 
 pytestmark = pytest.mark.unit
@@ -31,13 +33,20 @@ def _core(history: History | None = None, **overrides: object) -> SamplerCore[st
     return build_sampler_core(settings, history or History())
 
 
+def admit(
+    core: SamplerCore[str], group: rollout_pb2.RolloutGroup, origin: Origin, handle: str, now: float
+) -> str | None:
+    """`admit` of a group whose sender was verified to be the node it names."""
+    return core.admit(group, origin, handle, now, Sender(group.node_id))
+
+
 def test_a_round_of_own_and_peer_groups_becomes_batch_zero_then_one() -> None:
     core = _core()
     now = time.time()
     for index, record in enumerate(RECORDS[:2]):
-        assert core.admit(real_group(record, NODE), "local", f"l{index}", now) is None
+        assert admit(core, real_group(record, NODE), "local", f"l{index}", now) is None
     assert core.next_batch(now) is None  # the peer of round 0 has not arrived yet
-    assert core.admit(real_group(RECORDS[2], "peer-1"), "external", "e0", now) is None
+    assert admit(core, real_group(RECORDS[2], "peer-1"), "external", "e0", now) is None
     assembly = core.next_batch(now)
     assert assembly is not None
     assert sorted(e.handle for e in assembly.entries) == ["e0", "l0", "l1"]
@@ -53,24 +62,39 @@ def test_rejections_are_reasons_and_duplicates_are_caught_after_pooling() -> Non
     core = _core()
     now = time.time()
     group = real_group(RECORDS[0], NODE)
-    assert core.admit(group, "local", "a", now) is None
-    assert core.admit(group, "local", "b", now) == "duplicate"
-    assert core.admit(real_group(RECORDS[1], NODE, (True, True)), "local", "c", now) == "no_signal"
-    assert core.admit(real_group(RECORDS[2], NODE), "external", "d", now) == "own_node"
+    assert admit(core, group, "local", "a", now) is None
+    assert admit(core, group, "local", "b", now) == "duplicate"
+    assert admit(core, real_group(RECORDS[1], NODE, (True, True)), "local", "c", now) == "no_signal"
+    assert admit(core, real_group(RECORDS[2], NODE), "external", "d", now) == "own_node"
 
 
 def test_a_restart_continues_numbering_and_refuses_groups_already_trained() -> None:
     trained = real_group(RECORDS[0], NODE, round_=6, policy_version=6)
     core = _core(History(next_sequence=7, next_round=7, used_group_ids=(trained.group_id,)))
     assert core.sequence == 7
-    assert core.admit(trained, "local", "x", time.time()) == "duplicate"
+    assert admit(core, trained, "local", "x", time.time()) == "duplicate"
 
 
 def test_forgotten_groups_leave_the_pool_and_may_come_again() -> None:
     core = _core()
     now = time.time()
     group = real_group(RECORDS[3], "peer-1")
-    assert core.admit(group, "external", "e", now) is None
+    assert admit(core, group, "external", "e", now) is None
     core.forget({group.group_id})
     assert core.assembler.pool.count("external") == 0
-    assert core.admit(group, "external", "e-again", now) is None
+    assert admit(core, group, "external", "e-again", now) is None
+
+
+def test_a_group_that_is_not_its_senders_is_refused_before_it_counts_as_an_arrival() -> None:
+    """Lock-step arrival and per-peer quotas read the group's node id: a group must name the node
+    that (verifiably) sent it, or peer-2 could close peer-1's round."""
+    core = _core()
+    now = time.time()
+    for index, record in enumerate(RECORDS[:2]):
+        assert admit(core, real_group(record, NODE), "local", f"l{index}", now) is None
+    with pytest.raises(InvalidMessageError, match="identity_mismatch"):
+        core.admit(real_group(RECORDS[2], "peer-1"), "external", "forged", now, Sender("peer-2", "k2"))
+    assert core.next_batch(now) is None  # peer-1 has not arrived
+    assert core.admit(real_group(RECORDS[3], "peer-1"), "external", "e", now, Sender("peer-1", "k1")) is None
+    assembly = core.next_batch(now)
+    assert assembly is not None and sorted(e.handle for e in assembly.entries) == ["e", "l0", "l1"]

@@ -26,7 +26,7 @@ from sapo.sampler import (
 )
 from sapo.v1 import rollout_pb2
 from sapo.wire import InvalidMessageError
-from tests.unit.sampler.builders import assembly_config, questions, real_group, scored, screen_config
+from tests.unit.sampler.builders import assembly_config, honest, questions, real_group, scored, screen_config
 
 pytestmark = pytest.mark.unit
 
@@ -73,7 +73,7 @@ def _pool(
     screen: Screen, assembler: Assembler[str], groups: Sequence[rollout_pb2.RolloutGroup], origin: str
 ) -> None:
     for group in groups:
-        verdict = screen.check(group, origin, T0, 0)  # type: ignore[arg-type]
+        verdict = honest(screen, group, origin, T0, 0)  # type: ignore[arg-type]
         assert isinstance(verdict, Scored), verdict
         assembler.arrived(group, verdict.origin, T0)
         assert assembler.add(verdict, group.group_id, T0) is None
@@ -81,7 +81,7 @@ def _pool(
 
 def test_arrival_runs_only_the_cheap_filters_on_external_groups() -> None:
     screen = _screen()
-    tampered = screen.check(_tampered(0, "peer-1"), "external", T0, 0)
+    tampered = honest(screen, _tampered(0, "peer-1"), "external", T0, 0)
     assert isinstance(tampered, Scored)
     assert not tampered.verified
     assert tampered.rewards == (1.0, 0.0, 0.0, 1.0)  # the sender's claims, not yet the receiver's
@@ -91,24 +91,24 @@ def test_arrival_runs_only_the_cheap_filters_on_external_groups() -> None:
     assert info.value.reason == "answer_mismatch"
     no_claim = real_group(RECORDS[2], "peer-1", (True, False))
     no_claim.completions[0].reward = 0.0
-    assert screen.check(no_claim, "external", T0, 0) == "no_signal_claimed"
+    assert honest(screen, no_claim, "external", T0, 0) == "no_signal_claimed"
     nan_claim = real_group(RECORDS[2], "peer-1", (True, False))
     nan_claim.completions[0].reward = float("nan")
-    assert screen.check(nan_claim, "external", T0, 0) == "no_signal_claimed"
+    assert honest(screen, nan_claim, "external", T0, 0) == "no_signal_claimed"
     errored = real_group(RECORDS[2], "peer-1", (True, False))
     errored.completions[0].finish_reason = rollout_pb2.FINISH_REASON_ERROR
-    assert screen.check(errored, "external", T0, 0) == "too_few_completions"
+    assert honest(screen, errored, "external", T0, 0) == "too_few_completions"
     unset_split = real_group(RECORDS[2], "peer-1")
     unset_split.question.provenance.ClearField("split")
     with pytest.raises(InvalidMessageError, match="missing_split"):
-        screen.check(unset_split, "external", T0, 0)
+        honest(screen, unset_split, "external", T0, 0)
 
 
 def test_local_groups_are_verified_on_arrival() -> None:
     with pytest.raises(InvalidMessageError) as info:
-        _screen().check(_tampered(1, NODE), "local", T0, 0)
+        honest(_screen(), _tampered(1, NODE), "local", T0, 0)
     assert info.value.reason == "answer_mismatch"
-    local = _screen().check(real_group(RECORDS[1], NODE), "local", T0, 0)
+    local = honest(_screen(), real_group(RECORDS[1], NODE), "local", T0, 0)
     assert isinstance(local, Scored)
     assert local.verified
 
@@ -117,7 +117,7 @@ def test_verification_recomputes_rewards_and_drops_error_completions() -> None:
     group = real_group(RECORDS[3], "peer-1", (True, False, False, True))
     group.completions[1].reward = 1.0  # forged: the text is wrong
     group.completions[3].finish_reason = rollout_pb2.FINISH_REASON_ERROR
-    pending = _screen().check(group, "external", T0, 0)
+    pending = honest(_screen(), group, "external", T0, 0)
     assert isinstance(pending, Scored)
     assert pending.rewards == (1.0, 1.0, 0.0)  # claimed, of the three scored completions
     verified = _screen().verify(pending)
@@ -127,7 +127,7 @@ def test_verification_recomputes_rewards_and_drops_error_completions() -> None:
     assert verified.rewards[0] == 1.0
     assert verified.rewards[1] == verified.rewards[2] < 1.0
     assert _screen().verify(verified) is verified
-    no_signal = _screen().check(_claims_signal_has_none(4, "peer-1"), "external", T0, 0)
+    no_signal = honest(_screen(), _claims_signal_has_none(4, "peer-1"), "external", T0, 0)
     assert isinstance(no_signal, Scored)
     assert _screen().verify(no_signal) == "no_signal"
 
@@ -164,7 +164,7 @@ def _deadline_run(verify: VerifyMode) -> list[tuple[int, int] | None]:
     _pool(screen, assembler, [real_group(r, NODE) for r in RECORDS[10:13]], "local")
     external = [real_group(RECORDS[13], "peer-1"), _claims_signal_has_none(14, "peer-2")]
     for group in external:
-        verdict = screen.check(group, "external", T0, 0)
+        verdict = honest(screen, group, "external", T0, 0)
         if isinstance(verdict, Scored):
             assembler.add(verdict, group.group_id, T0)
     out: list[tuple[int, int] | None] = []
@@ -194,7 +194,7 @@ def test_lockstep_replans_the_round_after_rejected_picks() -> None:
 
 
 def test_unverified_groups_need_an_assembler_that_verifies() -> None:
-    pending = _screen().check(real_group(RECORDS[0], "peer-1"), "external", T0, 0)
+    pending = honest(_screen(), real_group(RECORDS[0], "peer-1"), "external", T0, 0)
     assert isinstance(pending, Scored)
     cfg = assembly_config(
         mode=RoundMode.ASYNC, mix=Mix(1, 1), max_per_source=1, max_pool_groups=8, max_external_age_s=600.0

@@ -13,12 +13,11 @@ from sapo.sampler import REASONS, Scored, Screen, ScreenConfig, SeenGroups, head
 from sapo.sampler.screen import ArrivalHook
 from sapo.v1 import rollout_pb2
 from sapo.wire import H_NODE, H_SCHEMA, H_TASK, InvalidMessageError
-from tests.unit.sampler.builders import WRONG, encoded, questions, real_group, right, screen_config
+from tests.unit.sampler.builders import WRONG, encoded, honest, questions, real_group, right, screen_config
 
 pytestmark = pytest.mark.unit
 
 NODE = "node-0"
-KEY = b"swarm-key"
 
 
 def _cfg(**overrides: object) -> ScreenConfig:
@@ -40,29 +39,18 @@ def test_every_reason_is_listed_once() -> None:
 
 def test_header_prefilter() -> None:
     group = real_group(RECORDS[0], "peer-1")
-    value, headers = encoded(group)
+    _, headers = encoded(group)
     hdrs = dict(headers)
-    assert header_reason(hdrs, value, "external", _cfg()) is None
-    assert header_reason(hdrs | {H_NODE: NODE.encode()}, value, "external", _cfg()) == "own_node"
+    assert header_reason(hdrs, "external", _cfg()) is None
+    assert header_reason(hdrs | {H_NODE: NODE.encode()}, "external", _cfg()) == "own_node"
     # The node's own stream carries only its own groups: the own-node rule does not apply there.
-    assert header_reason(hdrs | {H_NODE: NODE.encode()}, value, "local", _cfg()) is None
+    assert header_reason(hdrs | {H_NODE: NODE.encode()}, "local", _cfg()) is None
     only_other = _cfg(accepted_tasks=frozenset({"some_other_task"}))
-    assert header_reason(hdrs, value, "external", only_other) == "task_not_accepted"
-    assert header_reason(hdrs | {H_SCHEMA: b"2"}, value, "external", _cfg()) == "schema_version"
+    assert header_reason(hdrs, "external", only_other) == "task_not_accepted"
+    assert header_reason(hdrs | {H_SCHEMA: b"2"}, "external", _cfg()) == "schema_version"
     # Missing routing headers never reject: the decoded body decides.
-    assert header_reason({}, value, "external", _cfg()) is None
+    assert header_reason({}, "external", _cfg()) is None
     assert {H_TASK, H_NODE} <= hdrs.keys()
-
-
-def test_signature_checked_on_the_swarm_stream_when_a_key_is_set() -> None:
-    group = real_group(RECORDS[0], "peer-1")
-    signed_value, signed = encoded(group, KEY)
-    _, unsigned = encoded(group)
-    keyed = _cfg(signing_key=KEY)
-    assert header_reason(dict(signed), signed_value, "external", keyed) is None
-    assert header_reason(dict(unsigned), signed_value, "external", keyed) == "unsigned"
-    assert header_reason(dict(signed), signed_value + b"x", "external", keyed) == "bad_signature"
-    assert header_reason(dict(unsigned), signed_value, "local", keyed) is None
 
 
 def test_parse_bounds_and_validates() -> None:
@@ -96,7 +84,7 @@ def test_rewards_are_recomputed_never_taken_from_the_sender() -> None:
     record = RECORDS[1]
     group = real_group(record, "peer-1", (True, False, False, True))
     group.completions[1].reward = 1.0  # forged: the text is wrong
-    verdict = _screen().check(group, "external", time.time(), 0)
+    verdict = honest(_screen(), group, "external", time.time(), 0)
     assert isinstance(verdict, Scored)
     assert verdict.rewards[0] == verdict.rewards[3] == 1.0
     assert verdict.rewards[1] == verdict.rewards[2] < 1.0
@@ -106,18 +94,18 @@ def test_rewards_are_recomputed_never_taken_from_the_sender() -> None:
 def test_error_completions_are_dropped_not_scored() -> None:
     group = real_group(RECORDS[0], "peer-1", (True, False, True, False))
     group.completions[0].finish_reason = rollout_pb2.FINISH_REASON_ERROR
-    verdict = _screen().check(group, "external", time.time(), 0)
+    verdict = honest(_screen(), group, "external", time.time(), 0)
     assert isinstance(verdict, Scored)
     assert len(verdict.group.completions) == len(verdict.rewards) == 3
     assert [c.text for c in verdict.group.completions] == [WRONG, right(RECORDS[0]), WRONG]
     for i in (1, 2, 3):
         group.completions[i].finish_reason = rollout_pb2.FINISH_REASON_ERROR
-    assert _screen().check(group, "external", time.time(), 0) == "too_few_completions"
+    assert honest(_screen(), group, "external", time.time(), 0) == "too_few_completions"
 
 
 def test_zero_advantage_groups_are_dropped() -> None:
     all_right = real_group(RECORDS[0], "peer-1", (True, True, True))
-    assert _screen().check(all_right, "external", time.time(), 0) == "no_signal"
+    assert honest(_screen(), all_right, "external", time.time(), 0) == "no_signal"
 
 
 @pytest.mark.parametrize(
@@ -128,18 +116,18 @@ def test_tampered_questions_are_unverifiable(field: str, reason: str) -> None:
     group = real_group(RECORDS[2], "peer-1")
     setattr(group.question, field, getattr(group.question, field) + " 1")
     with pytest.raises(InvalidMessageError) as info:
-        _screen().check(group, "external", time.time(), 0)
+        honest(_screen(), group, "external", time.time(), 0)
     assert info.value.reason == reason
 
 
 def test_eval_questions_are_not_trained_on() -> None:
     eval_record = questions(node_seed=11, count=1, split="eval")[0]
     group = real_group(eval_record, "peer-1")
-    assert _screen().check(group, "external", time.time(), 0) == "not_train_split"
+    assert honest(_screen(), group, "external", time.time(), 0) == "not_train_split"
     # An eval item passed off as a training one fails re-derivation.
     group.question.provenance.split = question_to_proto(RECORDS[0]).provenance.split
     with pytest.raises(InvalidMessageError) as info:
-        _screen().check(group, "external", time.time(), 0)
+        honest(_screen(), group, "external", time.time(), 0)
     assert info.value.reason == "split_mismatch"
 
 
@@ -147,35 +135,35 @@ def test_freshness_bounds() -> None:
     now = time.time()
     screen = _screen()
     old = real_group(RECORDS[0], "peer-1", completed_s=now - 601)
-    assert screen.check(old, "external", now, 0) == "too_old"
+    assert honest(screen, old, "external", now, 0) == "too_old"
     unset = real_group(RECORDS[0], "peer-1")
     unset.ClearField("completed_at")
-    assert screen.check(unset, "external", now, 0) == "too_old"
+    assert honest(screen, unset, "external", now, 0) == "too_old"
     # Local: policy versions behind the batch it would join; a peer's version means nothing to us.
     lagging = real_group(RECORDS[0], NODE, policy_version=3)
-    assert screen.check(lagging, "local", now, 6) == "stale"
-    assert isinstance(screen.check(lagging, "local", now, 5), Scored)
-    assert isinstance(screen.check(real_group(RECORDS[0], "peer-1"), "external", now, 99), Scored)
+    assert honest(screen, lagging, "local", now, 6) == "stale"
+    assert isinstance(honest(screen, lagging, "local", now, 5), Scored)
+    assert isinstance(honest(screen, real_group(RECORDS[0], "peer-1"), "external", now, 99), Scored)
 
 
 def test_identity_is_checked_on_the_decoded_body_and_dedupe_by_group_id() -> None:
     screen = _screen(accepted_tasks=frozenset({RECORDS[0].task}))
     mine = real_group(RECORDS[0], NODE)
-    assert screen.check(mine, "external", time.time(), 0) == "own_node"
+    assert honest(screen, mine, "external", time.time(), 0) == "own_node"
     other_task = next(r for r in RECORDS if r.task != RECORDS[0].task)
-    assert screen.check(real_group(other_task, "peer-1"), "external", time.time(), 0) == "task_not_accepted"
+    assert honest(screen, real_group(other_task, "peer-1"), "external", time.time(), 0) == "task_not_accepted"
     group = real_group(RECORDS[0], "peer-1")
-    assert isinstance(screen.check(group, "external", time.time(), 0), Scored)
+    assert isinstance(honest(screen, group, "external", time.time(), 0), Scored)
     screen.seen.add(group.group_id)
-    assert screen.check(group, "external", time.time(), 0) == "duplicate"
+    assert honest(screen, group, "external", time.time(), 0) == "duplicate"
 
 
 def test_arrivals_are_reported_before_freshness_and_signal_filters() -> None:
     arrivals: list[tuple[str, str]] = []
     screen = _screen(on_arrival=lambda g, origin, _now: arrivals.append((g.node_id, origin)))
-    screen.check(real_group(RECORDS[0], NODE), "local", time.time(), 0)
-    screen.check(real_group(RECORDS[0], "peer-1", (True, True)), "external", time.time(), 0)  # no signal
-    screen.check(real_group(RECORDS[0], NODE), "external", time.time(), 0)  # own node: not an arrival
+    honest(screen, real_group(RECORDS[0], NODE), "local", time.time(), 0)
+    honest(screen, real_group(RECORDS[0], "peer-1", (True, True)), "external", time.time(), 0)  # no signal
+    honest(screen, real_group(RECORDS[0], NODE), "external", time.time(), 0)  # own node: not an arrival
     assert arrivals == [(NODE, "local"), ("peer-1", "external")]
 
 
@@ -188,13 +176,11 @@ def test_own_groups_of_a_refused_task_still_arrive_so_lockstep_rounds_close() ->
         accepted_tasks=frozenset({RECORDS[0].task}),
         on_arrival=lambda g, origin, _now: arrivals.append((g.node_id, origin)),
     )
-    assert screen.check(real_group(other_task, NODE), "local", time.time(), 0) == "task_not_accepted"
-    assert screen.check(real_group(other_task, "peer-1"), "external", time.time(), 0) == "task_not_accepted"
+    assert honest(screen, real_group(other_task, NODE), "local", time.time(), 0) == "task_not_accepted"
+    assert honest(screen, real_group(other_task, "peer-1"), "external", time.time(), 0) == "task_not_accepted"
     assert arrivals == [(NODE, "local")]
     cfg = screen.cfg
-    local = real_group(other_task, NODE)
-    value = local.SerializeToString()
     headers = {H_TASK: other_task.task.encode(), H_NODE: NODE.encode()}
-    assert header_reason(headers, value, "local", cfg) is None  # decoded, so it can be counted
+    assert header_reason(headers, "local", cfg) is None  # decoded, so it can be counted
     peer_headers = {H_TASK: other_task.task.encode(), H_NODE: b"peer-1"}
-    assert header_reason(peer_headers, value, "external", cfg) == "task_not_accepted"
+    assert header_reason(peer_headers, "external", cfg) == "task_not_accepted"

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from sapo.identity import TrustMode
 from sapo.sampler import MixPolicy, RoundMode, SelectionPolicy, VerifyMode
 from sapo.sampler.settings import SamplerSettings
 from sapo.settings import ConfigError, load_settings
@@ -25,7 +28,7 @@ def test_env_names_and_nested_consumer_profile(monkeypatch: pytest.MonkeyPatch) 
     assert s.consumer.session_timeout_ms == 6000
     assembly = s.assembly_config()
     assert (assembly.mix.local, assembly.mix.external) == (4, 4)
-    assert s.screen_config().signing_key is None
+    assert s.identity.mode is TrustMode.OFF
     assert s.screen_config().verify is VerifyMode.EAGER
 
 
@@ -60,9 +63,12 @@ def test_invalid_combinations_say_what_to_set(overrides: dict[str, object], says
         load_settings(SamplerSettings, node_id="n", **overrides)
 
 
-def test_signing_key_reaches_the_filters_as_bytes() -> None:
-    s = SamplerSettings(node_id="n", signing_key="k")
-    assert s.screen_config().signing_key == b"k"
+def test_nested_identity_settings_fail_at_start_naming_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SAPO_SAMPLER_IDENTITY__TRUST_FILE", "/etc/sapo/trust.yaml")
+    with pytest.raises(ConfigError, match=r"SAPO_SAMPLER_IDENTITY.*set IDENTITY__MODE=strict"):
+        load_settings(SamplerSettings, node_id="n")
+    monkeypatch.setenv("SAPO_SAMPLER_IDENTITY__MODE", "strict")
+    assert load_settings(SamplerSettings, node_id="n").identity.trust_file == Path("/etc/sapo/trust.yaml")
 
 
 def test_lazy_verification_reaches_the_filters(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -38,6 +38,9 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: sapo-swarm
 sapo-swarm.io/node-id: {{ .Values.nodeId | quote }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
 {{- end }}
 
 {{- define "sapo-node.selectorLabels" -}}
@@ -73,27 +76,35 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s.node.%s.%s" .root.Values.topicPrefix .root.Values.nodeId .kind }}
 {{- end }}
 
+{{/* True (non-empty) when this service runs on a GPU: generator.gpu or trainer.gpu. */}}
+{{- define "sapo-node.gpu" -}}
+{{- $svc := index .root.Values .component }}
+{{- if and (hasKey $svc "gpu") $svc.gpu.enabled }}true{{ end }}
+{{- end }}
+
 {{/*
-Image of one service: the service's own override, else gpuImage (GPU generator) or image.
-Call with (dict "root" $ "component" "generator").
+Image of one service: the service's own override, else gpuImage (GPU generator or trainer) or image;
+global.imageRegistry wins over every registry. <registry>/<repository>@<digest> when a digest is set,
+else <registry>/<repository>:<tag>. Call with (dict "root" $ "component" "generator").
 */}}
 {{- define "sapo-node.image" -}}
 {{- $svc := index .root.Values .component }}
-{{- $base := .root.Values.image }}
-{{- if and (eq .component "generator") .root.Values.generator.gpu.enabled }}
-{{- $base = .root.Values.gpuImage }}
-{{- end }}
+{{- $base := ternary .root.Values.gpuImage .root.Values.image (eq (include "sapo-node.gpu" .) "true") }}
+{{- $global := default dict .root.Values.global }}
+{{- $registry := default (default $base.registry $svc.image.registry) $global.imageRegistry }}
 {{- $repo := default $base.repository $svc.image.repository }}
-{{- $tag := default (default .root.Chart.AppVersion $base.tag) $svc.image.tag }}
-{{- printf "%s:%s" $repo $tag }}
+{{- $name := ternary (printf "%s/%s" $registry $repo) $repo (ne $registry "") }}
+{{- $digest := default $base.digest $svc.image.digest }}
+{{- if $digest }}
+{{- printf "%s@%s" $name $digest }}
+{{- else }}
+{{- printf "%s:%s" $name (default (default .root.Chart.AppVersion $base.tag) $svc.image.tag) }}
+{{- end }}
 {{- end }}
 
 {{- define "sapo-node.imagePullPolicy" -}}
 {{- $svc := index .root.Values .component }}
-{{- $base := .root.Values.image }}
-{{- if and (eq .component "generator") .root.Values.generator.gpu.enabled }}
-{{- $base = .root.Values.gpuImage }}
-{{- end }}
+{{- $base := ternary .root.Values.gpuImage .root.Values.image (eq (include "sapo-node.gpu" .) "true") }}
 {{- default $base.pullPolicy $svc.image.pullPolicy }}
 {{- end }}
 
@@ -129,6 +140,12 @@ Secrets come from existing Secrets only (secretKeyRef), never from values.
 - name: {{ $p }}SSL_CA_LOCATION
   value: {{ printf "%s/%s" .caPath .conn.caSecret.key | quote }}
 {{- end }}
+{{- if .conn.clientCertSecret.name }}
+- name: {{ $p }}SSL_CERTIFICATE_LOCATION
+  value: {{ printf "%s/%s" .certPath .conn.clientCertSecret.certKey | quote }}
+- name: {{ $p }}SSL_KEY_LOCATION
+  value: {{ printf "%s/%s" .certPath .conn.clientCertSecret.keyKey | quote }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -145,6 +162,9 @@ sapo.settings.KafkaConnection so a bad release fails at `helm install`, not in a
 {{- end }}
 {{- if and .conn.caSecret.name (not (has .conn.securityProtocol (list "SSL" "SASL_SSL"))) }}
 {{- fail (printf "%s.caSecret is set but %s.securityProtocol=%s does not use TLS; use SSL or SASL_SSL" .name .name .conn.securityProtocol) }}
+{{- end }}
+{{- if and .conn.clientCertSecret.name (not (has .conn.securityProtocol (list "SSL" "SASL_SSL"))) }}
+{{- fail (printf "%s.clientCertSecret is set but %s.securityProtocol=%s does not use TLS; use SSL (mutual TLS)" .name .name .conn.securityProtocol) }}
 {{- end }}
 {{- end }}
 
@@ -167,17 +187,11 @@ Call with (dict "root" $ "component" "sampler").
   value: {{ $v.logFormat | quote }}
 - name: {{ $prefix }}LOG_LEVEL
   value: {{ $v.logLevel | quote }}
-{{ include "sapo-node.kafkaEnv" (dict "prefix" $prefix "field" "KAFKA" "conn" $v.kafka "caPath" "/etc/sapo/kafka-ca" "client" $client) | trim }}
+{{ include "sapo-node.kafkaEnv" (dict "prefix" $prefix "field" "KAFKA" "conn" $v.kafka "caPath" "/etc/sapo/kafka-ca" "certPath" "/etc/sapo/kafka-client" "client" $client) | trim }}
 {{- if $v.swarmKafka.enabled }}
-{{ include "sapo-node.kafkaEnv" (dict "prefix" $prefix "field" "SWARM_KAFKA" "conn" $v.swarmKafka "caPath" "/etc/sapo/swarm-kafka-ca" "client" $client) | trim }}
+{{ include "sapo-node.kafkaEnv" (dict "prefix" $prefix "field" "SWARM_KAFKA" "conn" $v.swarmKafka "caPath" "/etc/sapo/swarm-kafka-ca" "certPath" "/etc/sapo/swarm-kafka-client" "client" $client) | trim }}
 {{- end }}
-{{- if $v.signingKey.secretName }}
-- name: {{ $prefix }}SIGNING_KEY
-  valueFrom:
-    secretKeyRef:
-      name: {{ $v.signingKey.secretName }}
-      key: {{ $v.signingKey.key }}
-{{- end }}
+{{ include "sapo-node.identityEnv" (dict "identity" $v.identity "prefix" $prefix "component" .component) }}
 {{- if and $v.model (ne .component "sampler") }}
 {{- if hasKey $svc.settings "MODEL" }}
 {{- fail (printf "set the model once: model=%s and %s.settings.MODEL are both set" $v.model .component) }}
@@ -193,6 +207,23 @@ Call with (dict "root" $ "component" "sampler").
 - name: {{ $prefix }}BACKEND
   value: "vllm"
 {{- end }}
+{{- if and (eq .component "trainer") $v.trainer.gpu.enabled (not (hasKey $svc.settings "DEVICE")) }}
+- name: {{ $prefix }}DEVICE
+  value: "cuda"
+{{- end }}
+{{- /* Caches on the writable cache volume (the root filesystem is read-only). */}}
+- name: XDG_CACHE_HOME
+  value: {{ $v.cache.mountPath | quote }}
+- name: SAPO_CACHE_DIR
+  value: {{ printf "%s/sapo-swarm" $v.cache.mountPath | quote }}
+- name: HF_HOME
+  value: {{ printf "%s/huggingface" $v.cache.mountPath | quote }}
+- name: TRITON_CACHE_DIR
+  value: {{ printf "%s/triton" $v.cache.mountPath | quote }}
+{{- if and (ne .component "sampler") (or $v.models.download.enabled $v.models.volume) }}
+- name: HF_HUB_OFFLINE
+  value: "1"
+{{- end }}
 {{- range $key, $value := $svc.settings }}
 {{- /* YAML numbers arrive as float64: print whole ones as integers, not 6e+07. */}}
 {{- $text := toString $value }}
@@ -207,40 +238,205 @@ Call with (dict "root" $ "component" "sampler").
 {{- end }}
 {{- end }}
 
-{{/* CA bundle volumes of the Kafka connections that use one. */}}
-{{- define "sapo-node.kafkaCaVolumes" -}}
-{{- if .Values.kafka.caSecret.name }}
-- name: kafka-ca
+{{/* Secret volumes of the Kafka connections: CA bundles and mTLS client certificates. */}}
+{{- define "sapo-node.kafkaSecretVolumes" -}}
+{{- range $conn := include "sapo-node.kafkaConnections" . | fromYamlArray }}
+{{- $c := index $.Values $conn.field }}
+{{- if $c.caSecret.name }}
+- name: {{ $conn.volume }}-ca
   secret:
-    secretName: {{ .Values.kafka.caSecret.name }}
+    secretName: {{ $c.caSecret.name }}
     items:
-      - key: {{ .Values.kafka.caSecret.key }}
-        path: {{ .Values.kafka.caSecret.key }}
+      - key: {{ $c.caSecret.key }}
+        path: {{ $c.caSecret.key }}
 {{- end }}
-{{- if and .Values.swarmKafka.enabled .Values.swarmKafka.caSecret.name }}
-- name: swarm-kafka-ca
+{{- if $c.clientCertSecret.name }}
+- name: {{ $conn.volume }}-client
   secret:
-    secretName: {{ .Values.swarmKafka.caSecret.name }}
+    secretName: {{ $c.clientCertSecret.name }}
+    # The key is read by uid 10001 only (fsGroup): 0440.
+    defaultMode: 288
     items:
-      - key: {{ .Values.swarmKafka.caSecret.key }}
-        path: {{ .Values.swarmKafka.caSecret.key }}
+      - key: {{ $c.clientCertSecret.certKey }}
+        path: {{ $c.clientCertSecret.certKey }}
+      - key: {{ $c.clientCertSecret.keyKey }}
+        path: {{ $c.clientCertSecret.keyKey }}
+{{- end }}
 {{- end }}
 {{- end }}
 
-{{- define "sapo-node.kafkaCaMounts" -}}
-{{- if .Values.kafka.caSecret.name }}
-- name: kafka-ca
-  mountPath: /etc/sapo/kafka-ca
+{{- define "sapo-node.kafkaSecretMounts" -}}
+{{- range $conn := include "sapo-node.kafkaConnections" . | fromYamlArray }}
+{{- $c := index $.Values $conn.field }}
+{{- if $c.caSecret.name }}
+- name: {{ $conn.volume }}-ca
+  mountPath: /etc/sapo/{{ $conn.volume }}-ca
   readOnly: true
 {{- end }}
-{{- if and .Values.swarmKafka.enabled .Values.swarmKafka.caSecret.name }}
-- name: swarm-kafka-ca
-  mountPath: /etc/sapo/swarm-kafka-ca
+{{- if $c.clientCertSecret.name }}
+- name: {{ $conn.volume }}-client
+  mountPath: /etc/sapo/{{ $conn.volume }}-client
   readOnly: true
 {{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The Kafka connections in use: the node's own, and the swarm's when swarmKafka.enabled. */}}
+{{- define "sapo-node.kafkaConnections" -}}
+- {field: kafka, volume: kafka}
+{{- if .Values.swarmKafka.enabled }}
+- {field: swarmKafka, volume: swarm-kafka}
+{{- end }}
+{{- end }}
+
+{{/*
+Every Secret one service's pod reads, sorted: for the checksum and reloader annotations.
+Call with (dict "root" $ "component" "generator").
+*/}}
+{{- define "sapo-node.secretNames" -}}
+{{- $v := .root.Values }}
+{{- $names := list }}
+{{- range $conn := include "sapo-node.kafkaConnections" .root | fromYamlArray }}
+{{- $c := index $v $conn.field }}
+{{- $names = concat $names (compact (list $c.sasl.passwordSecret.name $c.caSecret.name $c.clientCertSecret.name)) }}
+{{- end }}
+{{- if and (eq .component "generator") $v.identity.keySecret.name }}
+{{- $names = append $names $v.identity.keySecret.name }}
+{{- end }}
+{{- if and (ne .component "sampler") $v.models.download.enabled $v.models.download.tokenSecret.name }}
+{{- $names = append $names $v.models.download.tokenSecret.name }}
+{{- end }}
+{{- range $entry := (index $v .component).extraEnv }}
+{{- if and $entry.valueFrom $entry.valueFrom.secretKeyRef }}
+{{- $names = append $names $entry.valueFrom.secretKeyRef.name }}
+{{- end }}
+{{- end }}
+{{- $names | uniq | sortAlpha | toJson }}
+{{- end }}
+
+{{/*
+checksum/secrets: the referenced Secrets' names and, where Helm can read them (install, upgrade;
+not `helm template`), their resourceVersions, so `helm upgrade` after a rotation rolls the pods.
+*/}}
+{{- define "sapo-node.secretsChecksum" -}}
+{{- $parts := list }}
+{{- range $name := include "sapo-node.secretNames" . | fromJsonArray }}
+{{- $secret := lookup "v1" "Secret" $.root.Release.Namespace $name }}
+{{- $version := "" }}
+{{- if $secret }}
+{{- $version = $secret.metadata.resourceVersion }}
+{{- end }}
+{{- $parts = append $parts (printf "%s=%s" $name $version) }}
+{{- end }}
+{{- join "," $parts | sha256sum }}
+{{- end }}
+
+{{/*
+API version of Strimzi's KafkaTopic and KafkaUser: strimzi.apiVersion, else the newest the cluster
+serves, else kafka.strimzi.io/v1 (Strimzi >= 0.49; 1.0 serves only v1).
+*/}}
+{{- define "sapo-node.strimziApiVersion" -}}
+{{- if .Values.strimzi.apiVersion }}
+{{- .Values.strimzi.apiVersion }}
+{{- else if .Capabilities.APIVersions.Has "kafka.strimzi.io/v1/KafkaTopic" }}
+{{- "kafka.strimzi.io/v1" }}
+{{- else if .Capabilities.APIVersions.Has "kafka.strimzi.io/v1beta2/KafkaTopic" }}
+{{- "kafka.strimzi.io/v1beta2" }}
+{{- else }}
+{{- "kafka.strimzi.io/v1" }}
+{{- end }}
+{{- end }}
+
+{{/* Name of the node's KafkaUser (also its Secret's name). */}}
+{{- define "sapo-node.kafkaUserName" -}}
+{{- default (printf "%s-%s" (.Values.topicPrefix | lower | replace "_" "-" | replace "." "-") .Values.nodeId) .Values.kafkaUser.name | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
 {{/* True (non-empty) when the checkpoint claim can be mounted from several Kubernetes nodes. */}}
 {{- define "sapo-node.checkpointsShared" -}}
 {{- if has "ReadWriteMany" .Values.checkpoints.accessModes }}true{{ end }}
+{{- end }}
+
+{{/*
+Identity env of one service: the generator signs (key file), the sampler verifies (mode, trust list,
+keys topic); the trainer shares nothing. Refuses a mode whose files are missing.
+*/}}
+{{- define "sapo-node.identityEnv" -}}
+{{- $id := .identity }}
+{{- if and (ne $id.mode "off") (not $id.keySecret.name) }}
+{{- fail (printf "identity.mode=%s: a verifying node must sign; set identity.keySecret.name (sapo keys generate)" $id.mode) }}
+{{- end }}
+{{- if and (eq $id.mode "strict") (not $id.trustConfigMap.name) }}
+{{- fail "identity.mode=strict needs the trust list: set identity.trustConfigMap.name (sapo keys trust)" }}
+{{- end }}
+{{- if and (eq .component "generator") $id.keySecret.name }}
+- name: {{ .prefix }}IDENTITY__PRIVATE_KEY_FILE
+  value: {{ printf "/etc/sapo/identity/key/%s" $id.keySecret.key | quote }}
+{{- end }}
+{{- if and (eq .component "sampler") (ne $id.mode "off") }}
+- name: {{ .prefix }}IDENTITY__MODE
+  value: {{ $id.mode | quote }}
+{{- if $id.trustConfigMap.name }}
+- name: {{ .prefix }}IDENTITY__TRUST_FILE
+  value: {{ printf "/etc/sapo/identity/trust/%s" $id.trustConfigMap.key | quote }}
+{{- end }}
+{{- if $id.keysTopic }}
+- name: {{ .prefix }}IDENTITY__KEYS_TOPIC
+  value: "true"
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The identity files of one service: the key (generator, owner-read-only), the trust list (sampler). */}}
+{{- define "sapo-node.identityVolumes" -}}
+{{- $id := .root.Values.identity }}
+{{- if and (eq .component "generator") $id.keySecret.name }}
+- name: identity-key
+  secret:
+    secretName: {{ $id.keySecret.name }}
+    defaultMode: 0400
+    items:
+      - key: {{ $id.keySecret.key }}
+        path: {{ $id.keySecret.key }}
+{{- end }}
+{{- if and (eq .component "sampler") (ne $id.mode "off") $id.trustConfigMap.name }}
+- name: identity-trust
+  configMap:
+    name: {{ $id.trustConfigMap.name }}
+    items:
+      - key: {{ $id.trustConfigMap.key }}
+        path: {{ $id.trustConfigMap.key }}
+{{- end }}
+{{- end }}
+
+{{- define "sapo-node.identityMounts" -}}
+{{- $id := .root.Values.identity }}
+{{- if and (eq .component "generator") $id.keySecret.name }}
+- name: identity-key
+  mountPath: /etc/sapo/identity/key
+  readOnly: true
+{{- end }}
+{{- if and (eq .component "sampler") (ne $id.mode "off") $id.trustConfigMap.name }}
+- name: identity-trust
+  mountPath: /etc/sapo/identity/trust
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/* NetworkPolicy ports; call with (dict "ports" (list 9092) "protocol" "TCP"). */}}
+{{- define "sapo-node.ports" -}}
+{{- range $port := .ports }}
+- port: {{ $port }}
+  protocol: {{ $.protocol }}
+{{- end }}
+{{- end }}
+
+{{/* Seconds of a Prometheus duration such as 30m or 1h30m (units s, m, h, d, w). */}}
+{{- define "sapo-node.seconds" -}}
+{{- $unit := dict "s" 1 "m" 60 "h" 3600 "d" 86400 "w" 604800 }}
+{{- $total := 0 }}
+{{- range $part := regexFindAll "[0-9]+[smhdw]" . -1 }}
+{{- $total = add $total (mul (trimSuffix (substr (sub (len $part) 1 | int) (len $part) $part) $part | int) (index $unit (substr (sub (len $part) 1 | int) (len $part) $part))) }}
+{{- end }}
+{{- $total }}
 {{- end }}

@@ -1,0 +1,51 @@
+"""Who sent a group, decided from its headers before it is decoded (step 1 of `sapo.sampler.screen`).
+
+- The node's own rollout topic is the node's: only its generator writes there (topic ACLs keep it
+  so on a shared cluster), so its groups' sender is the node itself.
+- The swarm stream, identity on (`IDENTITY__MODE=strict|tofu`): the signature is verified against
+  the node's `TrustStore`, and the sender is the node the verified key belongs to.
+- The swarm stream, identity off: nothing is verified; the sender is whatever the node-id header
+  claims ("" when there is none: the body decides). Header and body must still agree.
+
+`Screen.check` then requires the decoded group to name the sender, so nothing downstream (quotas,
+lock-step arrival, contribution counts) can be reached with another node's id. Hostile refusals
+raise `InvalidMessageError` (counted and dead-lettered); the ordinary ones (a node this receiver
+does not admit, a rotated-out key, a full pin table) are returned as reasons and only counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+from sapo.identity.trust import Rejection, Sender
+from sapo.sampler.screen import Origin
+from sapo.wire import H_NODE, InvalidMessageError, header_str
+
+
+class Identifies(Protocol):
+    """`sapo.identity.TrustStore`, or the service's `IdentityGate` around one."""
+
+    def identify(self, headers: Mapping[str, bytes], value: bytes, now_s: float) -> Sender | Rejection: ...
+
+
+def sender_of(
+    headers: Mapping[str, bytes],
+    value: bytes | None,
+    origin: Origin,
+    *,
+    node_id: str,
+    store: Identifies | None,
+    now_s: float,
+) -> Sender | str:
+    """The sender of a record, or the reason it is refused; raises InvalidMessageError when hostile."""
+    if origin == "local":
+        return Sender(node_id)
+    if store is None:
+        return Sender(header_str(headers, H_NODE))
+    verdict = store.identify(headers, value or b"", now_s)
+    if isinstance(verdict, Rejection):
+        if verdict.hostile:
+            raise InvalidMessageError(verdict.reason, verdict.detail)
+        return verdict.reason
+    return verdict

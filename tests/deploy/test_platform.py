@@ -1,0 +1,364 @@
+"""What a platform team needs from the chart on the first install: a writable cache under a read-only
+root, models in the pods, Strimzi topics and user for the API version the cluster serves, mutual TLS,
+pods rolled when their Secrets change, and the usual knobs (PDB, NetworkPolicy, priority and runtime
+classes, spreading, common labels, extra objects).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sapo.runtime import consumer_group
+from tests.deploy.helm import (
+    CHART,
+    CI_VALUES,
+    NAMESPACE,
+    ROOT,
+    SERVICES,
+    container,
+    deployment,
+    env_of,
+    of_kind,
+    render,
+    render_files,
+    template_error,
+)
+
+pytestmark = pytest.mark.unit
+PLATFORM = CHART / "ci/platform-mtls-values.yaml"
+
+
+def pod_spec(dep: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = dep["spec"]["template"]["spec"]
+    return spec
+
+
+def env_map(dep: dict[str, Any]) -> dict[str, Any]:
+    return {v["name"]: v.get("value", v.get("valueFrom")) for v in env_of(dep)}
+
+
+# --- caches under a read-only root filesystem ------------------------------------------------------
+
+
+def test_every_cache_path_is_on_a_writable_volume(scenario: Path) -> None:
+    """The images' HOME is read-only in the pods: every cache variable must point into a mounted
+    volume that is not read-only, or the services crash at start (Errno 30)."""
+    for dep in of_kind(render(scenario), "Deployment"):
+        c = container(dep)
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True
+        writable = [m["mountPath"] for m in c["volumeMounts"] if not m.get("readOnly")]
+        env = env_map(dep)
+        for var in ("SAPO_CACHE_DIR", "XDG_CACHE_HOME", "HF_HOME", "TRITON_CACHE_DIR"):
+            assert any(env[var] == p or env[var].startswith(p + "/") for p in writable), (var, env[var])
+
+
+def test_cache_volume_is_an_emptydir_or_the_given_claim() -> None:
+    (volume,) = [v for v in pod_spec(deployment(render(None), "trainer"))["volumes"] if v["name"] == "cache"]
+    assert volume == {"name": "cache", "emptyDir": {"sizeLimit": "20Gi"}}
+    spec = pod_spec(deployment(render(None, "cache.existingClaim=models-cache"), "trainer"))
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "cache"]
+    assert volume == {"name": "cache", "persistentVolumeClaim": {"claimName": "models-cache"}}
+
+
+# --- models ------------------------------------------------------------------------------------------
+
+
+def test_model_download_init_container_then_offline() -> None:
+    docs = render(CHART / "ci/gpu-node-values.yaml")
+    for service in ("generator", "trainer"):
+        dep = deployment(docs, service)
+        (init,) = pod_spec(dep)["initContainers"]
+        assert init["args"] == ["hf", "download", "Qwen/Qwen2.5-0.5B-Instruct", "--revision", "main"]
+        assert init["image"] == container(dep)["image"]  # the hf CLI comes with the service's image
+        init_env = {v["name"]: v.get("value") for v in init["env"]}
+        env = env_map(dep)
+        assert init_env["HF_HOME"] == env["HF_HOME"]
+        assert {m["name"] for m in init["volumeMounts"]} >= {"cache"}
+        assert env["HF_HUB_OFFLINE"] == "1"
+    assert "initContainers" not in pod_spec(deployment(docs, "sampler"))
+    assert "HF_HUB_OFFLINE" not in env_map(deployment(docs, "sampler"))
+
+
+def test_model_download_needs_a_model_and_passes_a_token_from_a_secret() -> None:
+    assert "models.download.enabled needs `model`" in template_error("models.download.enabled=true")
+    docs = render(
+        None, "model=org/gated", "models.download.enabled=true", "models.download.tokenSecret.name=hf"
+    )
+    (init,) = pod_spec(deployment(docs, "trainer"))["initContainers"]
+    (token,) = [v for v in init["env"] if v["name"] == "HF_TOKEN"]
+    assert token["valueFrom"] == {"secretKeyRef": {"name": "hf", "key": "token"}}
+
+
+def test_models_volume_is_mounted_read_only_where_the_model_is_loaded() -> None:
+    docs = render(PLATFORM)
+    for service in ("generator", "trainer"):
+        dep = deployment(docs, service)
+        (mount,) = [m for m in container(dep)["volumeMounts"] if m["name"] == "models"]
+        assert mount == {"name": "models", "mountPath": "/models", "readOnly": True}
+        env = env_map(dep)
+        assert env[f"SAPO_{service.upper()}_MODEL"].startswith("/models/")
+        assert env["HF_HUB_OFFLINE"] == "1"
+    sampler = container(deployment(docs, "sampler"))
+    assert "models" not in {m["name"] for m in sampler["volumeMounts"]}
+
+
+# --- Strimzi: API version, topics kept, KafkaUser ACLs ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("api_versions", "expected"),
+    [
+        ((), "kafka.strimzi.io/v1"),  # no cluster to ask (helm template): v1
+        (("kafka.strimzi.io/v1beta2/KafkaTopic",), "kafka.strimzi.io/v1beta2"),  # Strimzi < 0.49
+        (("kafka.strimzi.io/v1beta2/KafkaTopic", "kafka.strimzi.io/v1/KafkaTopic"), "kafka.strimzi.io/v1"),
+    ],
+)
+def test_strimzi_api_version_follows_the_cluster(api_versions: tuple[str, ...], expected: str) -> None:
+    from tests.deploy.helm import render_with_api_versions
+
+    docs = render_with_api_versions(
+        api_versions, "kafkaTopics.enabled=true", "kafkaUser.enabled=true", "kafkaTopics.swarm.create=true"
+    )
+    strimzi = [d for d in docs if d["kind"] in ("KafkaTopic", "KafkaUser")]
+    assert len(strimzi) == 6
+    assert {d["apiVersion"] for d in strimzi} == {expected}
+
+
+def test_strimzi_api_version_can_be_forced() -> None:
+    docs = render(None, "kafkaTopics.enabled=true", "strimzi.apiVersion=kafka.strimzi.io/v1beta2")
+    assert {t["apiVersion"] for t in of_kind(docs, "KafkaTopic")} == {"kafka.strimzi.io/v1beta2"}
+
+
+def test_topics_survive_uninstall_by_default() -> None:
+    topics = of_kind(render(None, "kafkaTopics.enabled=true", "kafkaTopics.swarm.create=true"), "KafkaTopic")
+    assert all(t["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep" for t in topics)
+    topics = of_kind(render(None, "kafkaTopics.enabled=true", "kafkaTopics.keep=false"), "KafkaTopic")
+    assert all("annotations" not in t["metadata"] for t in topics)
+
+
+def acls(user: dict[str, Any]) -> dict[tuple[str, str, str], list[str]]:
+    return {
+        (a["resource"]["type"], a["resource"]["name"], a["resource"]["patternType"]): a["operations"]
+        for a in user["spec"]["authorization"]["acls"]
+    }
+
+
+def test_kafka_user_acls_cover_exactly_the_nodes_topics_and_groups() -> None:
+    from sapo.topics import TopicNames
+
+    (user,) = of_kind(render(PLATFORM), "KafkaUser")
+    assert user["metadata"]["name"] == "sapo-node-7"
+    assert user["metadata"]["namespace"] == "kafka"
+    assert user["metadata"]["labels"]["strimzi.io/cluster"] == "swarm"
+    assert user["spec"]["authentication"] == {"type": "tls"}
+    found = acls(user)
+    names = TopicNames.for_node("node-7", "sapo")
+    prefix = "sapo.node.node-7."
+    # Every topic the node uses is covered; the swarm topic literally, the rest by prefix.
+    assert all(t.startswith(prefix) for t in (names.rollouts, names.batches, names.policy, names.dlq))
+    assert set(found) == {
+        ("topic", prefix, "prefix"),
+        ("topic", names.swarm_rollouts, "literal"),
+        ("group", "sapo.node-7.", "prefix"),
+    }
+    assert "Write" in found[("topic", prefix, "prefix")]
+    assert found[("group", "sapo.node-7.", "prefix")] == ["Read", "Describe"]
+
+
+def test_consumer_groups_fall_under_the_group_acl() -> None:
+    """Every group the services join starts with the prefix the KafkaUser's group ACL allows."""
+    (user,) = of_kind(render(None, "kafkaUser.enabled=true", "nodeId=node-7"), "KafkaUser")
+    prefixes = [
+        acl["resource"]["name"]
+        for acl in user["spec"]["authorization"]["acls"]
+        if acl["resource"]["type"] == "group" and acl["resource"].get("patternType") == "prefix"
+    ]
+    for role in ("generator", "generator-policy", "sampler", "sampler-swarm", "trainer"):
+        assert any(consumer_group("sapo", "node-7", role).startswith(p) for p in prefixes), role
+
+
+def test_kafka_user_leaves_the_swarm_topic_to_the_swarm_cluster() -> None:
+    (user,) = of_kind(
+        render(
+            None,
+            "kafkaUser.enabled=true",
+            "swarmKafka.enabled=true",
+            "swarmKafka.bootstrapServers=swarm:9092",
+        ),
+        "KafkaUser",
+    )
+    assert [key for key in acls(user) if key[0] == "topic"] == [("topic", "sapo.node.node-0.", "prefix")]
+
+
+# --- mutual TLS and Secret rotation ------------------------------------------------------------------
+
+
+def test_client_certificate_from_a_secret() -> None:
+    for dep in of_kind(render(PLATFORM), "Deployment"):
+        c = container(dep)
+        prefix = f"SAPO_{c['name'].upper()}_KAFKA__"
+        env = env_map(dep)
+        assert env[prefix + "SECURITY_PROTOCOL"] == "SSL"
+        assert env[prefix + "SSL_CERTIFICATE_LOCATION"] == "/etc/sapo/kafka-client/user.crt"
+        assert env[prefix + "SSL_KEY_LOCATION"] == "/etc/sapo/kafka-client/user.key"
+        (mount,) = [m for m in c["volumeMounts"] if m["name"] == "kafka-client"]
+        assert mount == {"name": "kafka-client", "mountPath": "/etc/sapo/kafka-client", "readOnly": True}
+        (volume,) = [v for v in pod_spec(dep)["volumes"] if v["name"] == "kafka-client"]
+        assert volume["secret"]["secretName"] == "sapo-node-7"
+        assert {i["key"] for i in volume["secret"]["items"]} == {"user.crt", "user.key"}
+
+
+def test_client_certificate_needs_tls() -> None:
+    assert "does not use TLS" in template_error("kafka.clientCertSecret.name=user")
+
+
+def test_secret_changes_roll_the_pods() -> None:
+    """checksum/secrets changes with the referenced Secrets (names here; data via lookup on a cluster),
+    and the reloader annotation lists every one of them."""
+
+    def checksum(*sets: str, service: str = "sampler") -> str:
+        dep = deployment(render(None, *sets), service)
+        value: str = dep["spec"]["template"]["metadata"]["annotations"]["checksum/secrets"]
+        return value
+
+    tls = ("kafka.securityProtocol=SSL", "kafka.caSecret.name=ca-v1")
+    assert checksum(*tls) == checksum(*tls)
+    assert checksum(*tls) != checksum("kafka.securityProtocol=SSL", "kafka.caSecret.name=ca-v2")
+    key = ("identity.mode=tofu", "identity.keySecret.name=node-key")
+    assert checksum(*tls, service="generator") != checksum(*tls, *key, service="generator")
+    for dep in of_kind(render(PLATFORM), "Deployment"):
+        annotations = dep["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["secret.reloader.stakater.com/reload"] == "sapo-node-7,swarm-cluster-ca-cert"
+
+
+def test_pod_annotations_are_kept_next_to_the_checksum() -> None:
+    dep = deployment(render(None, "podAnnotations.example\\.com/owner=me"), "trainer")
+    annotations = dep["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["example.com/owner"] == "me"
+    assert "checksum/secrets" in annotations
+
+
+# --- platform knobs ------------------------------------------------------------------------------------
+
+
+def test_generator_pod_disruption_budget() -> None:
+    (pdb,) = of_kind(render(PLATFORM), "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    generators = deployment(render(PLATFORM), "generator")
+    assert pdb["spec"]["selector"]["matchLabels"] == generators["spec"]["selector"]["matchLabels"]
+    assert not of_kind(render(None), "PodDisruptionBudget")
+    both = ("generator.podDisruptionBudget.enabled=true", "generator.podDisruptionBudget.minAvailable=1")
+    assert "not both" in template_error(*both)
+    (pdb,) = of_kind(
+        render(None, *both, "generator.podDisruptionBudget.maxUnavailable="), "PodDisruptionBudget"
+    )
+    assert pdb["spec"] == {"minAvailable": 1, "selector": pdb["spec"]["selector"]}
+
+
+def test_network_policy_allows_dns_kafka_and_scrapes_only() -> None:
+    docs = render(PLATFORM)
+    (policy,) = of_kind(docs, "NetworkPolicy")
+    spec = policy["spec"]
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    for dep in of_kind(docs, "Deployment"):
+        pod_labels = dep["spec"]["template"]["metadata"]["labels"]
+        assert spec["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    (ingress,) = spec["ingress"]
+    assert ingress["ports"] == [{"port": "http", "protocol": "TCP"}]
+    assert ingress["from"][0]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "monitoring"
+    }
+    dns, kafka = spec["egress"]
+    assert {p["port"] for p in dns["ports"]} == {53}
+    assert kafka["ports"] == [{"port": 9093, "protocol": "TCP"}]
+    assert kafka["to"][0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "kafka"}
+    with_store = of_kind(
+        render(None, "networkPolicy.enabled=true", "networkPolicy.objectStore.enabled=true"), "NetworkPolicy"
+    )
+    assert with_store[0]["spec"]["egress"][-1]["ports"] == [{"port": 443, "protocol": "TCP"}]
+
+
+def test_priority_runtime_class_and_spreading() -> None:
+    docs = render(PLATFORM)
+    for service in SERVICES:
+        spec = pod_spec(deployment(docs, service))
+        assert spec["runtimeClassName"] == "kata"
+        expected = "sapo-training-critical" if service == "trainer" else "sapo-training"
+        assert spec["priorityClassName"] == expected
+    (spread,) = pod_spec(deployment(docs, "generator"))["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "topology.kubernetes.io/zone"
+    generator_labels = deployment(docs, "generator")["spec"]["selector"]["matchLabels"]
+    assert spread["labelSelector"] == {"matchLabels": generator_labels}
+    assert "topologySpreadConstraints" not in pod_spec(deployment(docs, "trainer"))
+
+
+def test_common_labels_on_every_object_but_never_in_selectors() -> None:
+    docs = render(PLATFORM)
+    for doc in docs:
+        if doc["kind"] == "ConfigMap":  # the extra object carries its own labels
+            continue
+        assert doc["metadata"]["labels"]["team"] == "ml-platform", doc["kind"]
+    for dep in of_kind(docs, "Deployment"):
+        assert "team" not in dep["spec"]["selector"]["matchLabels"]
+        assert dep["spec"]["template"]["metadata"]["labels"]["team"] == "ml-platform"
+
+
+def test_extra_objects_are_templated() -> None:
+    (cm,) = of_kind(render(PLATFORM), "ConfigMap")
+    assert cm["metadata"] == {"name": "sapo-node-notes", "namespace": NAMESPACE}
+    assert cm["data"] == {"node": "node-7"}
+
+
+@pytest.mark.parametrize(
+    ("override", "complaint"),
+    [
+        ("image.digest=latest", "digest"),
+        ("priorityClassName=High_Priority", "priorityClassName"),
+        ("generator.podDisruptionBudget.maxUnavailable=-1", "maxUnavailable"),
+        ("kafkaUser.authentication=plain", "authentication"),
+        ("strimzi.apiVersion=kafka.strimzi.io/v1alpha1", "apiVersion"),
+        ("networkPolicy.kafka.ports[0]=0", "ports"),
+        ("commonLabels.-bad=x", "-bad"),
+        ("kafka.clientCertSecret.cert=user.crt", "cert"),
+    ],
+)
+def test_schema_rejects_bad_platform_values(override: str, complaint: str) -> None:
+    assert complaint in template_error(override)
+
+
+def test_every_scenario_renders_with_everything_on() -> None:
+    for values in CI_VALUES:
+        docs = render(
+            values, "kafkaTopics.enabled=true", "kafkaUser.enabled=true", "networkPolicy.enabled=true"
+        )
+        assert of_kind(docs, "KafkaUser") and of_kind(docs, "NetworkPolicy")
+
+
+def test_kind_overrides_make_every_scenario_installable_on_kind(scenario: Path) -> None:
+    """deploy/k8s/kind/kind-values.yaml (the chart-testing recipe) turns off what kind lacks."""
+    docs = render_files(scenario, ROOT / "deploy/k8s/kind/kind-values.yaml")
+    kinds = {d["kind"] for d in docs}
+    assert not kinds & {"ServiceMonitor", "PrometheusRule", "KafkaUser"}
+    assert {"KafkaTopic", "Deployment"} <= kinds
+    for dep in of_kind(docs, "Deployment"):
+        spec = pod_spec(dep)
+        c = container(dep)
+        assert c["image"] == "sapo-swarm:0.1.0" and c["imagePullPolicy"] == "Never"
+        assert not {
+            "priorityClassName",
+            "runtimeClassName",
+            "nodeSelector",
+            "tolerations",
+            "initContainers",
+        } & set(spec)
+        assert "nvidia.com/gpu" not in c.get("resources", {}).get("limits", {})
+        env = env_map(dep)
+        assert env[f"SAPO_{c['name'].upper()}_KAFKA__BOOTSTRAP_SERVERS"] == "sapo-kafka-bootstrap.kafka:9092"
+        assert not any(name.endswith(("_MODEL", "SSL_CA_LOCATION", "SASL_PASSWORD")) for name in env)
+        claims = [
+            v["persistentVolumeClaim"]["claimName"] for v in spec["volumes"] if "persistentVolumeClaim" in v
+        ]
+        assert claims in ([], ["sapo-node-checkpoints"])
