@@ -1,14 +1,20 @@
-"""Checkpoint-publish -> generator-loaded latency for the bundled 135M model, against a bare reload.
+"""Checkpoint publish -> generator serving the new weights, bundled 135M model, `file://` and `s3://`.
 
-The generator runs its real wiring (runtime, policy follower, core; embedded broker) in lock-step with
-one question, two completions and one new token per round, so after each round it sits waiting for the
-next policy version, as a lock-step node does while its trainer steps. For each version: write a
-checkpoint of the model with `CheckpointStore`, start the clock, publish the PolicyUpdate (acknowledged),
-stop the clock when the backend reports the new version. Same-run baseline on the same checkpoint files,
-page cache warm for both: a bare `load_file` + `load_state_dict` into a copy of the model. The gap is
-Kafka delivery and polling, the sha256 checks of manifest and shards, and the key / shape checks.
+Generators run their real wiring (runtime, policy follower, work consumer; embedded broker) in threads
+of this process with no work planned, so they sit waiting for the next policy version, as lock-step
+replicas do while their trainer steps.
+For each version: write it with `CheckpointStore.publish` (timed: the trainer's cost), start the clock,
+announce the PolicyUpdate (acknowledged), stop it when the backend reports the new version (first
+replica, and every replica). The store is a local directory (`file://`) or a bucket of moto's S3 server
+on 127.0.0.1 (`s3://`, explicit credentials through AWS_* variables).
 
-    .venv/bin/python bench/bench_reload.py [--repeats 5]
+Baselines in the same run, page cache warm: a bare `safetensors.torch.load_file` of the same weights
+from one local file + `load_state_dict` into a copy of the model (the target: publish -> swapped within
+1.5x of it), and for `s3://` also a bare download of the version's shard objects + `load` +
+`load_state_dict` from the same store, the same target: over moto on loopback the download alone
+takes ~18x a local load, so only the second comparison says what the store code adds.
+
+    .venv/bin/python bench/bench_reload.py [--repeats 5] [--stores file,s3] [--replicas 2]
 """
 
 from __future__ import annotations
@@ -19,32 +25,38 @@ import gc
 import logging
 import os
 import statistics
+import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.s3: moto's server for s3://
 
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load, load_file, save_file
 
+from sapo import storage
 from sapo.backends import TransformersBackend
 from sapo.broker import EmbeddedBroker
-from sapo.checkpoints import CheckpointStore, Written, sha256_file
+from sapo.checkpoints import CheckpointStore, Written
 from sapo.generator.settings import GeneratorSettings
 from sapo.kafka import KafkaPublisher
 from sapo.models import BUNDLED_REF
 from sapo.node.generator import GeneratorService
-from sapo.runtime import start_runtime
+from sapo.runtime import Runtime, start_runtime
 from sapo.settings import ConsumerProfile, KafkaConnection
+from sapo.tensorfile import dedupe
 from sapo.topics import TopicNames, ensure_topics
 from sapo.v1 import policy_pb2
 from sapo.wire import SCHEMA_VERSION, now_timestamp
+from tests.s3 import moto_server
 
-NODE = "bench"
+TARGET = 1.5
 
 
 def wait(value: Callable[[], int], target: int, what: str, timeout_s: float = 300.0) -> None:
@@ -59,7 +71,7 @@ def wait(value: Callable[[], int], target: int, what: str, timeout_s: float = 30
 def update(written: Written, version: int) -> bytes:
     return policy_pb2.PolicyUpdate(
         schema_version=SCHEMA_VERSION,
-        node_id=NODE,
+        node_id=written.manifest.node_id,
         version=version,
         manifest_uri=written.manifest_uri,
         manifest_sha256=written.manifest_sha256,
@@ -73,34 +85,21 @@ def summary(values: Sequence[float]) -> str:
 
 @dataclass
 class Timings:
-    model_load: float = 0.0
-    checkpoint_mb: float = 0.0
-    latency: list[float] = field(default_factory=list)  # publish -> backend reports the version
-    load_path: list[float] = field(default_factory=list)  # the follower's own measurement (metric)
-    verify: list[float] = field(default_factory=list)  # sha256 of the shards alone
-    bare: list[float] = field(default_factory=list)  # load_file + load_state_dict
+    write: list[float] = field(default_factory=list)  # CheckpointStore.publish of the weights
+    first: list[float] = field(default_factory=list)  # announce -> the first replica swapped
+    every: list[float] = field(default_factory=list)  # announce -> every replica swapped
+    load: list[float] = field(default_factory=list)  # the first replica's own load path (its metric)
+    bare: list[float] = field(default_factory=list)  # load_file + load_state_dict, local file
+    bare_store: list[float] = field(default_factory=list)  # download the shards + load + load_state_dict
+    mb: float = 0.0
 
 
-def bare_reload(model: torch.nn.Module, shards: Sequence[Path]) -> float:
-    started = time.perf_counter()
-    loaded: dict[str, torch.Tensor] = {}
-    for shard in shards:
-        loaded.update(load_file(str(shard)))
-    model.load_state_dict(loaded, strict=False)
-    return time.perf_counter() - started
-
-
-def hash_time(shards: Sequence[Path]) -> float:
-    started = time.perf_counter()
-    for shard in shards:
-        sha256_file(shard)
-    return time.perf_counter() - started
-
-
-def measure(bootstrap: str, root: Path, repeats: int) -> Timings:
-    """Run the generator against `bootstrap` and time `repeats` published versions."""
+@contextmanager
+def generators(bootstrap: str, node: str, replicas: int) -> Iterator[list[tuple[Runtime, GeneratorService]]]:
+    """`replicas` generator wirings of `node`, each running in a thread, stopped on exit."""
+    ensure_topics({"bootstrap.servers": bootstrap}, TopicNames.for_node(node).specs(), timeout_s=30)
     settings = GeneratorSettings(
-        node_id=NODE,
+        node_id=node,
         kafka=KafkaConnection(bootstrap_servers=bootstrap),
         consumer=ConsumerProfile.local(),
         http_host="127.0.0.1",
@@ -112,60 +111,138 @@ def measure(bootstrap: str, root: Path, repeats: int) -> Timings:
         max_new_tokens=1,
         policy_catchup_idle_s=1.0,
     )
-    timings = Timings()
-    runtime = start_runtime("generator", settings, install_signals=False)
-    started = time.perf_counter()
-    core = GeneratorService.from_runtime(settings, runtime)
-    timings.model_load = time.perf_counter() - started
-    backend = core.backend
-    assert isinstance(backend, TransformersBackend)
-    state = {name: t.detach().clone() for name, t in backend.model.state_dict().items()}
-    bare_model = copy.deepcopy(backend.model)
-    store = CheckpointStore(root, keep_last=2)
-    publisher = KafkaPublisher({"bootstrap.servers": bootstrap})
-    load_sum = "sapo_generator_weight_load_seconds_sum"
-    thread = threading.Thread(target=core.run, name="generator", daemon=True)
-    thread.start()
+    running = []
+    for _ in range(replicas):
+        runtime = start_runtime("generator", settings, install_signals=False)
+        core = GeneratorService.from_runtime(settings, runtime)
+        thread = threading.Thread(target=core.run, name="generator", daemon=True)
+        thread.start()
+        running.append((runtime, core, thread))
     try:
-        # No work is planned: the generator idles on its policy follower, the state reloads start from.
-        wait(lambda: int(bool(core.work.assigned)), 1, "the work topic's assignment")
-        for version in range(1, repeats + 1):
-            written = store.write(NODE, version, state, base_model=BUNDLED_REF)
-            loaded_before = runtime.registry.get_sample_value(load_sum) or 0.0
-            started = time.perf_counter()
-            publisher.send_sync(runtime.topics.policy, NODE.encode(), update(written, version))
-            wait(lambda: backend.model_version, version, f"load of v{version}")
-            timings.latency.append(time.perf_counter() - started)
-            timings.load_path.append((runtime.registry.get_sample_value(load_sum) or 0.0) - loaded_before)
-            shards = sorted(written.directory.glob("*.safetensors"))
-            timings.checkpoint_mb = sum(f.stat().st_size for f in shards) / 1e6
-            timings.bare.append(bare_reload(bare_model, shards))
-            timings.verify.append(hash_time(shards))
+        yield [(runtime, core) for runtime, core, _ in running]
     finally:
-        runtime.stop.set("bench over")
-        thread.join(timeout=60)
-        runtime.close()
+        for runtime, _, thread in running:
+            runtime.stop.set("bench over")
+            thread.join(timeout=60)
+            runtime.close()
+
+
+def bare_local(model: torch.nn.Module, file: Path) -> float:
+    started = time.perf_counter()
+    model.load_state_dict(load_file(str(file)), strict=False)
+    return time.perf_counter() - started
+
+
+def bare_store(model: torch.nn.Module, written: Written) -> float:
+    started = time.perf_counter()
+    state: dict[str, torch.Tensor] = {}
+    for entry in written.manifest.weights:
+        state.update(load(storage.read_bytes(written.directory / entry.name)))
+    model.load_state_dict(state, strict=False)
+    return time.perf_counter() - started
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The weights every version carries, one local file of them, and a model to bare-load them into."""
+
+    state: dict[str, torch.Tensor]
+    file: Path
+    model: torch.nn.Module
+
+
+def load_seconds(runtime: Runtime) -> float:
+    return runtime.registry.get_sample_value("sapo_generator_weight_load_seconds_sum") or 0.0
+
+
+def wait_idle(running: Sequence[tuple[Runtime, GeneratorService]]) -> None:
+    """Every replica has caught up with the policy topic and waits on its work consumer."""
+    for _, core in running:
+        wait(lambda core=core: int(core.work.opened), 1, "the generator's start")  # type: ignore[misc]
+
+
+def measure(bootstrap: str, url: str, replicas: int, repeats: int, base: Baseline) -> Timings:
+    """Publish `repeats` versions to the store at `url` and time how replicas pick them up (a node of
+    its own per run: a fresh policy topic)."""
+    timings = Timings()
+    store = CheckpointStore(url, keep_last=2)
+    publisher = KafkaPublisher({"bootstrap.servers": bootstrap})
+    node = f"bench-{url.split(':', maxsplit=1)[0]}-{replicas}"
+    with generators(bootstrap, node, replicas) as running:
+        topic = running[0][0].topics.policy
+        backends = [core.backend for _, core in running]
+        wait_idle(running)
+        for version in range(1, repeats + 1):
+            started = time.perf_counter()
+            written = store.publish(node, version, base.state, base_model=BUNDLED_REF).written
+            assert written is not None
+            timings.write.append(time.perf_counter() - started)
+            loaded_before = load_seconds(running[0][0])
+            started = time.perf_counter()
+            publisher.send_sync(topic, node.encode(), update(written, version))
+            wait(lambda: max(b.model_version for b in backends), version, f"a load of v{version}")
+            timings.first.append(time.perf_counter() - started)
+            wait(lambda: min(b.model_version for b in backends), version, f"every load of v{version}")
+            timings.every.append(time.perf_counter() - started)
+            timings.load.append(load_seconds(running[0][0]) - loaded_before)
+            timings.bare.append(bare_local(base.model, base.file))
+            if not written.directory.local:
+                timings.bare_store.append(bare_store(base.model, written))
+            timings.mb = sum(e.bytes for e in written.manifest.weights) / 1e6
     return timings
+
+
+def report(name: str, replicas: int, t: Timings) -> bool:
+    print(f"\n{name}, {replicas} replica(s), {len(t.write)} versions of {t.mb:.0f} MB")
+    print(f"  write the version (CheckpointStore.publish)  {summary(t.write)}")
+    print(f"  announce -> first replica swapped          {summary(t.first)}")
+    if replicas > 1:
+        print(f"  announce -> all {replicas} replicas swapped         {summary(t.every)}")
+    print(f"  replica 1's load path (verify + swap)      {summary(t.load)}")
+    print(f"  bare load_file + load_state_dict (local)   {summary(t.bare)}")
+    ratio = statistics.median(t.first) / statistics.median(t.bare)
+    if t.bare_store:
+        print(f"  bare download + load + load_state_dict     {summary(t.bare_store)}")
+        store_ratio = statistics.median(t.first) / statistics.median(t.bare_store)
+        store_outcome = "PASS" if store_ratio <= TARGET else "FAIL"
+        print(f"  ratio swapped / bare download              {store_ratio:6.2f}x  ", end="")
+        print(f"target <= {TARGET}x: {store_outcome}")
+    verdict = ratio <= TARGET
+    outcome = "PASS" if verdict else "FAIL"
+    print(f"  ratio swapped / bare local load            {ratio:6.2f}x  target <= {TARGET}x: {outcome}")
+    return verdict
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--repeats", type=int, default=5, help="versions published (default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=5, help="versions per run (default: %(default)s)")
+    parser.add_argument("--stores", default="file,s3", help="stores to measure (default: %(default)s)")
+    parser.add_argument("--replicas", type=int, default=2, help="replicas, second run (default: %(default)s)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="sapo-bench-") as tmp, EmbeddedBroker() as broker:
-        ensure_topics(
-            {"bootstrap.servers": broker.bootstrap}, TopicNames.for_node(NODE).specs(), timeout_s=30
-        )
-        t = measure(broker.bootstrap, Path(tmp), args.repeats)
-        gc.collect()  # close the clients (held in reference cycles) before the broker stops
-    print(f"model {BUNDLED_REF} (float32), checkpoint {t.checkpoint_mb:.0f} MB, {args.repeats} versions")
-    print(f"model load at start (from_runtime)          {t.model_load:6.1f} s")
-    print(f"publish -> weights swapped (median [range]) {summary(t.latency)}")
-    print(f"  the follower's load path (metric)         {summary(t.load_path)}")
-    print(f"  sha256 of the shards alone                {summary(t.verify)}")
-    print(f"bare load_file + load_state_dict            {summary(t.bare)}")
-    ratio = statistics.median(t.latency) / statistics.median(t.bare)
-    print(f"ratio publish->swapped / bare               {ratio:6.2f}x")
+    stores = args.stores.split(",")
+    results = []
+    with ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sapo-bench-")))
+        broker = stack.enter_context(EmbeddedBroker())
+        backend = TransformersBackend.from_model_ref(BUNDLED_REF, dtype=torch.float32)
+        model = copy.deepcopy(backend.model)
+        base = Baseline(model.state_dict(), tmp / "bare.safetensors", model)  # tied: lm_head = embedding
+        del backend
+        save_file(dedupe(base.state)[0], str(base.file))
+        urls = {}
+        if "file" in stores:
+            urls["file"] = (tmp / "store").as_uri()
+        if "s3" in stores:
+            server = stack.enter_context(moto_server())
+            os.environ.update(server.env)
+            urls["s3"] = f"s3://{server.create_bucket('bench')}/checkpoints"
+        for name, url in urls.items():
+            for replicas in sorted({1, args.replicas}):
+                timings = measure(broker.bootstrap, url, replicas, args.repeats, base)
+                results.append(report(name, replicas, timings))
+                storage.remove_tree(storage.location(url))
+                gc.collect()  # close the clients (held in reference cycles) before the broker stops
+    print(f"\n{sum(results)} of {len(results)} runs within {TARGET}x of a bare local load")
     return 0
 
 

@@ -1,55 +1,118 @@
-"""Versioned checkpoints: safetensors shards plus a manifest, written atomically, verified on load.
+"""Versioned checkpoints in any store fsspec speaks: policy versions for generators, full states for resume.
 
-Layout under the store root: `<node_id>/v<version:08d>/{manifest.json, model-*.safetensors, ...}`.
-A version directory is assembled under a temporary name and renamed into place, so readers never
-see a half-written checkpoint; the manifest lists every file with its sha256 and the `PolicyUpdate`
-carries the manifest's own sha256, so a loader detects any corruption or substitution before it
-touches the weights.
+Layout under the store (a path, `file://`, `s3://bucket/prefix`, ...; see `sapo.storage`):
+
+    <node_id>/v<version:08d>/manifest.json      a policy version: what generators read
+                             model-00001-of-0000N.safetensors
+                             trainer_state.pt   a full trainer state at this version (every k versions)
+                             state.json         ... which exists only once that state is complete
+
+Policy versions carry only what a generator needs: the weights, with tied tensors stored once (the
+manifest lists the aliases and `load_weights` re-links them). The trainer's full state (optimizer,
+schedule, RNG, input offsets, ledger: `sapo.trainer.state`) is written beside a version every
+`state_every` versions and on shutdown; it names the sha256 of the version's manifest, so a state can
+only be resumed with the weights it belongs to.
+
+Atomicity: a version is visible once its manifest exists and a state once its `state.json` exists;
+both are written last and list every file they cover with its digest. Locally a version is assembled
+in a temporary directory and renamed into place; object stores have no rename, so files are uploaded
+under the final prefix first and the manifest after them: a reader that finds the manifest finds a
+complete version. Deletion removes the manifest (and state record) first. Durability (local stores):
+a policy version's files are not fsynced when it is published (that cost ~1 s per 135M version on
+the lock-step critical path); writing a full state fsyncs the version's files, the state and its
+record, so the state a trainer resumes from survives a host crash. A host crash can tear newer
+versions; their digests expose it, and a version whose manifest is unreadable is rewritten.
+
+A version number, once announced, always means the same weights. The trainer commits its input
+offsets only with a full state, so after a crash it resumes from the newest state and replays the
+batches since. Training replays deterministically (same weights, optimizer state, RNG and batches),
+so a replayed version re-derives the weights already stored under its number: `publish` recomputes
+the digests of the replayed weights, and when the version exists it compares them with the stored
+ones and writes nothing ("verified"). Should they differ (non-deterministic kernels), the stored
+weights win ("diverged"): the trainer loads them and goes on from there, so the number keeps its
+meaning. A replayed version older than the newest stored one that no longer exists (pruned, or never
+written because `checkpoint_every` skipped it) is not written again ("skipped"): generators never go
+back to it. Pruning keeps the newest `keep_last` versions and the version of the newest full state.
+
+Digests: every file's digest is computed while it is written and checked while it is read, by the
+algorithm the manifest names (`sapo.digests`; manifests without one are format 1 and use sha256).
+`PolicyUpdate.manifest_sha256` pins the manifest itself.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
+import logging
 import os
-import shutil
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
-from urllib.parse import unquote, urlparse
+from typing import Any, Literal, TypeVar
 
 import torch
-from safetensors.torch import load_file, save_file
+
+from sapo import storage
+from sapo.digests import DEFAULT, SHA256, Hashing, sha256_hex
+from sapo.storage import CheckpointError, FileEntry, Location
+from sapo.tensorfile import TensorFileError, dedupe, parse_tensors, restore_ties, write_tensors
+
+__all__ = [
+    "MANIFEST",
+    "SHARD_BYTES",
+    "STATE_RECORD",
+    "TRAINER_STATE",
+    "CheckpointError",
+    "CheckpointStore",
+    "FileEntry",
+    "Manifest",
+    "Outcome",
+    "Published",
+    "StateRecord",
+    "Written",
+    "load_weights",
+    "read_manifest",
+]
+
+log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
+STATE_RECORD = "state.json"
+TRAINER_STATE = "trainer_state.pt"
 SHARD_BYTES = 2 * 1024**3
+FORMAT = 2
 _VERSION_PREFIX = "v"
+_T = TypeVar("_T")
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint that is missing, incomplete or does not match its recorded digests.
-
-    `reason` is a bounded label for metrics: digest_mismatch, missing, malformed, unsupported, exists.
-    """
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
+def _entries(items: list[dict[str, Any]]) -> tuple[FileEntry, ...]:
+    # Format 1 named the digest field after its (only) algorithm.
+    return tuple(FileEntry(f["name"], f.get("digest") or f["sha256"], int(f["bytes"])) for f in items)
 
 
-@dataclass(frozen=True)
-class FileEntry:
-    name: str
-    sha256: str
-    bytes: int
+def _entry_json(entries: tuple[FileEntry, ...]) -> list[dict[str, Any]]:
+    return [{"name": e.name, "digest": e.digest, "bytes": e.bytes} for e in entries]
+
+
+def _document(body: dict[str, Any]) -> bytes:
+    return json.dumps({"format": FORMAT} | body, indent=1, sort_keys=True).encode()
+
+
+def _parsed(data: bytes, what: str, build: Callable[[dict[str, Any]], _T]) -> _T:
+    """`build(body)` of a JSON document; any missing or ill-typed field makes it malformed."""
+    try:
+        body = json.loads(data)
+        fmt = int(body.get("format", 1))
+        if fmt > FORMAT:
+            raise CheckpointError("unsupported", f"{what} format {fmt}; this version reads <= {FORMAT}")
+        return build(body)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointError("malformed", f"malformed {what}: {exc!r}") from None
 
 
 @dataclass(frozen=True)
 class Manifest:
-    """What a checkpoint contains; serialised as manifest.json beside the files."""
+    """What a policy version contains; serialised as manifest.json beside the files."""
 
     node_id: str
     version: int
@@ -57,211 +120,360 @@ class Manifest:
     dtype: str
     created_at: float
     weights: tuple[FileEntry, ...]
-    extras: tuple[FileEntry, ...] = ()
+    aliases: Mapping[str, str] = field(default_factory=dict)
     meta: Mapping[str, Any] = field(default_factory=dict)
+    digest: str = DEFAULT
+    extras: tuple[FileEntry, ...] = ()  # format 1 kept the trainer state here
 
     def to_json(self) -> bytes:
-        body = {
-            "node_id": self.node_id,
-            "version": self.version,
-            "base_model": self.base_model,
-            "dtype": self.dtype,
-            "created_at": self.created_at,
-            "weights": [vars(f) for f in self.weights],
-            "extras": [vars(f) for f in self.extras],
-            "meta": dict(self.meta),
-        }
-        return json.dumps(body, indent=1, sort_keys=True).encode()
+        return _document(
+            {
+                "digest": self.digest,
+                "node_id": self.node_id,
+                "version": self.version,
+                "base_model": self.base_model,
+                "dtype": self.dtype,
+                "created_at": self.created_at,
+                "weights": _entry_json(self.weights),
+                "aliases": dict(self.aliases),
+                "meta": dict(self.meta),
+            }
+        )
 
     @classmethod
     def from_json(cls, data: bytes) -> Manifest:
-        try:
-            body = json.loads(data)
+        def build(body: dict[str, Any]) -> Manifest:
             return cls(
                 node_id=body["node_id"],
                 version=int(body["version"]),
                 base_model=body["base_model"],
                 dtype=body["dtype"],
                 created_at=float(body["created_at"]),
-                weights=tuple(FileEntry(**f) for f in body["weights"]),
-                extras=tuple(FileEntry(**f) for f in body.get("extras", [])),
+                weights=_entries(body["weights"]),
+                aliases=dict(body.get("aliases", {})),
                 meta=body.get("meta", {}),
+                digest=str(body["digest"]) if "format" in body else SHA256,
+                extras=_entries(body.get("extras", [])),
             )
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CheckpointError("malformed", f"malformed manifest: {exc}") from None
+
+        return _parsed(data, "manifest", build)
+
+
+@dataclass(frozen=True)
+class StateRecord:
+    """A full trainer state beside a version; serialised as state.json, written after its files."""
+
+    node_id: str
+    version: int
+    manifest_sha256: str
+    created_at: float
+    files: tuple[FileEntry, ...]
+    digest: str = DEFAULT
+
+    def to_json(self) -> bytes:
+        return _document(
+            {
+                "digest": self.digest,
+                "node_id": self.node_id,
+                "version": self.version,
+                "manifest_sha256": self.manifest_sha256,
+                "created_at": self.created_at,
+                "files": _entry_json(self.files),
+            }
+        )
+
+    @classmethod
+    def from_json(cls, data: bytes) -> StateRecord:
+        def build(body: dict[str, Any]) -> StateRecord:
+            return cls(
+                node_id=body["node_id"],
+                version=int(body["version"]),
+                manifest_sha256=body["manifest_sha256"],
+                created_at=float(body["created_at"]),
+                files=_entries(body["files"]),
+                digest=str(body["digest"]),
+            )
+
+        return _parsed(data, "state record", build)
 
 
 @dataclass(frozen=True)
 class Written:
-    """Where a checkpoint landed: what a `PolicyUpdate` announces."""
+    """A stored policy version: what a `PolicyUpdate` announces."""
 
     manifest_uri: str
     manifest_sha256: str
-    directory: Path
+    manifest: Manifest
+    directory: Location
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+Outcome = Literal["written", "verified", "diverged", "skipped"]
 
 
-def _shards(state: Mapping[str, torch.Tensor], limit: int) -> list[dict[str, torch.Tensor]]:
+@dataclass(frozen=True)
+class Published:
+    """What `CheckpointStore.publish` did; `written` is None only when it skipped the version."""
+
+    outcome: Outcome
+    written: Written | None
+
+
+def _shards(tensors: Mapping[str, torch.Tensor], limit: int) -> list[dict[str, torch.Tensor]]:
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
-    for name, tensor in state.items():
+    for name, tensor in tensors.items():
         nbytes = tensor.numel() * tensor.element_size()
         if shards[-1] and size + nbytes > limit:
             shards.append({})
             size = 0
-        # safetensors refuses shared storage (tied embeddings) and non-contiguous views.
-        shards[-1][name] = tensor.detach().to("cpu").contiguous().clone()
+        shards[-1][name] = tensor.detach()
         size += nbytes
     return shards
 
 
-class CheckpointStore:
-    """A directory (or mounted volume) holding each node's versions; keeps the newest `keep_last`."""
+def _shard_name(index: int, count: int) -> str:
+    return f"model-{index + 1:05d}-of-{count:05d}.safetensors"
 
-    def __init__(self, root: Path, keep_last: int = 3) -> None:
+
+def _dtype(tensors: Mapping[str, torch.Tensor]) -> str:
+    return str(next(iter(tensors.values())).dtype).removeprefix("torch.") if tensors else "none"
+
+
+class CheckpointStore:
+    """One trainer's versions and states under a store URL; see the module docstring."""
+
+    def __init__(
+        self,
+        url: str | os.PathLike[str],
+        keep_last: int = 3,
+        *,
+        digest: str = DEFAULT,
+        storage_options: dict[str, Any] | None = None,
+        shard_bytes: int = SHARD_BYTES,
+    ) -> None:
         if keep_last < 1:
             raise ValueError("keep_last must be >= 1: the announced version must stay readable")
-        self.root = root
+        Hashing(None, digest)  # an unknown algorithm fails here, at start
+        self.root = storage.location(url, storage_options)
         self.keep_last = keep_last
+        self.digest = digest
+        self.shard_bytes = shard_bytes
 
-    def node_dir(self, node_id: str) -> Path:
+    def node_dir(self, node_id: str) -> Location:
         return self.root / node_id
 
-    def versions(self, node_id: str) -> list[int]:
-        base = self.node_dir(node_id)
-        if not base.is_dir():
-            return []
-        found = [
-            int(p.name[len(_VERSION_PREFIX) :])
-            for p in base.iterdir()
-            if p.name.startswith(_VERSION_PREFIX) and p.name[1:].isdigit() and (p / MANIFEST).is_file()
-        ]
+    def version_dir(self, node_id: str, version: int) -> Location:
+        return self.node_dir(node_id) / f"{_VERSION_PREFIX}{version:08d}"
+
+    def _numbered(self, node_id: str, record: str) -> list[int]:
+        found = []
+        for path in storage.glob(self.node_dir(node_id) / f"{_VERSION_PREFIX}*" / record):
+            name = path.rstrip("/").split("/")[-2][len(_VERSION_PREFIX) :]
+            if name.isdigit():
+                found.append(int(name))
         return sorted(found)
 
-    def write(
+    def versions(self, node_id: str) -> list[int]:
+        """Versions whose manifest exists (complete ones), ascending."""
+        return self._numbered(node_id, MANIFEST)
+
+    def states(self, node_id: str) -> list[int]:
+        """Versions that also hold a complete full trainer state, ascending."""
+        return self._numbered(node_id, STATE_RECORD)
+
+    def stored(self, node_id: str, version: int) -> Written:
+        """Stored version `version` (CheckpointError(missing) when it is not there)."""
+        directory = self.version_dir(node_id, version)
+        data = storage.read_bytes(directory / MANIFEST)
+        manifest = Manifest.from_json(data)
+        return Written((directory / MANIFEST).uri(), sha256_hex(data), manifest, directory)
+
+    def latest(self, node_id: str) -> Written | None:
+        versions = self.versions(node_id)
+        return self.stored(node_id, versions[-1]) if versions else None
+
+    # --- writing ---------------------------------------------------------------------------------------
+
+    def publish(
         self,
         node_id: str,
         version: int,
         state: Mapping[str, torch.Tensor],
         *,
         base_model: str,
-        extras: Mapping[str, bytes] | None = None,
         meta: Mapping[str, Any] | None = None,
-        shard_bytes: int = SHARD_BYTES,
-    ) -> Written:
-        """Write weights (+ extra files such as trainer state) as one atomic version directory."""
-        final = self.node_dir(node_id) / f"{_VERSION_PREFIX}{version:08d}"
-        if final.exists():
-            raise CheckpointError("exists", f"version {version} of {node_id} already exists at {final}")
-        tmp = self.node_dir(node_id) / f".tmp-{uuid.uuid4().hex}"
-        tmp.mkdir(parents=True)
+    ) -> Published:
+        """Store the weights as policy version `version`, or verify them against the stored ones."""
+        tensors, aliases = dedupe(state)
+        shards = _shards(tensors, self.shard_bytes)
+        stored = self.versions(node_id)
+        existing = self._readable(node_id, version) if version in stored else None
+        if existing is not None:
+            same = _same_weights(existing.manifest, shards, aliases)
+            return Published("verified" if same else "diverged", existing)
+        if stored and version < stored[-1]:
+            return Published("skipped", None)
+        final = self.version_dir(node_id, version)
+        if final.local:
+            target = self.node_dir(node_id) / f".tmp-{uuid.uuid4().hex}"
+            os.makedirs(target.path)
+        else:
+            target = final
         try:
-            weights = []
-            shards = _shards(state, shard_bytes)
-            for i, shard in enumerate(shards):
-                name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-                save_file(shard, str(tmp / name))
-                weights.append(FileEntry(name, sha256_file(tmp / name), (tmp / name).stat().st_size))
-            extra_entries = []
-            for name, data in (extras or {}).items():
-                (tmp / name).write_bytes(data)
-                extra_entries.append(FileEntry(name, hashlib.sha256(data).hexdigest(), len(data)))
-            dtype = str(next(iter(state.values())).dtype).removeprefix("torch.") if state else "none"
+            weights = tuple(
+                storage.write_file(
+                    target, _shard_name(i, len(shards)), _writer(s), self.digest, durable=False
+                )
+                for i, s in enumerate(shards)
+            )
             manifest = Manifest(
                 node_id,
                 version,
                 base_model,
-                dtype,
+                _dtype(tensors),
                 time.time(),
-                tuple(weights),
-                tuple(extra_entries),
+                weights,
+                aliases,
                 meta or {},
+                self.digest,
             )
             data = manifest.to_json()
-            (tmp / MANIFEST).write_bytes(data)
-            _fsync_dir(tmp)
-            os.rename(tmp, final)
-            _fsync_dir(final.parent)
+            storage.write_file(target, MANIFEST, lambda out: out.write(data), self.digest, durable=False)
+            if final.local:
+                storage.fsync_dir(target.path)
+                os.rename(target.path, final.path)
+                storage.fsync_dir(self.node_dir(node_id).path)
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if final.local:
+                storage.remove_tree(target)
             raise
-        self._prune(node_id)
-        return Written((final / MANIFEST).resolve().as_uri(), hashlib.sha256(data).hexdigest(), final)
+        self.prune(node_id)
+        return Published("written", Written((final / MANIFEST).uri(), sha256_hex(data), manifest, final))
 
-    def _prune(self, node_id: str) -> None:
-        for old in self.versions(node_id)[: -self.keep_last]:
-            shutil.rmtree(self.node_dir(node_id) / f"{_VERSION_PREFIX}{old:08d}", ignore_errors=True)
-
-    def latest(self, node_id: str) -> Written | None:
-        versions = self.versions(node_id)
-        if not versions:
+    def _readable(self, node_id: str, version: int) -> Written | None:
+        """A stored version, or None after deleting one whose manifest is torn (a host crash)."""
+        try:
+            return self.stored(node_id, version)
+        except CheckpointError as exc:
+            if exc.reason != "malformed":
+                raise
+            log.warning(
+                "version %d of %s has an unreadable manifest (%s): rewriting it", version, node_id, exc
+            )
+            storage.remove_tree(self.version_dir(node_id, version), first=(STATE_RECORD, MANIFEST))
             return None
-        directory = self.node_dir(node_id) / f"{_VERSION_PREFIX}{versions[-1]:08d}"
-        data = (directory / MANIFEST).read_bytes()
-        return Written((directory / MANIFEST).resolve().as_uri(), hashlib.sha256(data).hexdigest(), directory)
+
+    def save_state(self, node_id: str, version: int, produce: Callable[[Hashing], object]) -> bool:
+        """Write a full trainer state beside stored version `version`; False if it already has one."""
+        directory = self.version_dir(node_id, version)
+        if storage.exists(directory / STATE_RECORD):
+            return False
+        manifest_sha256 = sha256_hex(storage.read_bytes(directory / MANIFEST))
+        storage.make_durable(directory)  # the weights this state resumes with
+        entry = storage.write_file(directory, TRAINER_STATE, produce, self.digest)
+        record = StateRecord(node_id, version, manifest_sha256, time.time(), (entry,), self.digest)
+        data = record.to_json()
+        if directory.local:  # a rename makes the record appear whole
+            partial = f".{STATE_RECORD}.{uuid.uuid4().hex}"
+            storage.write_file(directory, partial, lambda out: out.write(data), self.digest)
+            os.rename((directory / partial).path, (directory / STATE_RECORD).path)
+            storage.fsync_dir(directory.path)
+        else:
+            storage.write_file(directory, STATE_RECORD, lambda out: out.write(data), self.digest)
+        self.prune(node_id)
+        return True
+
+    def prune(self, node_id: str) -> None:
+        """Delete versions outside the newest `keep_last`, except the newest full state's."""
+        versions = self.versions(node_id)
+        keep = set(versions[-self.keep_last :]) | set(self.states(node_id)[-1:])
+        for version in versions:
+            if version not in keep:
+                storage.remove_tree(self.version_dir(node_id, version), first=(STATE_RECORD, MANIFEST))
+
+    def remove_partial(self, node_id: str) -> None:
+        """Delete what a writer killed mid-write left behind (one trainer owns a node's store)."""
+        node = self.node_dir(node_id)
+        complete = set(self.versions(node_id))
+        for name in storage.listdir(node):
+            number = name[len(_VERSION_PREFIX) :]
+            incomplete = name.startswith(_VERSION_PREFIX) and number.isdigit() and int(number) not in complete
+            if name.startswith(".tmp-") or incomplete:
+                storage.remove_tree(node / name)
+
+    # --- resuming --------------------------------------------------------------------------------------
+
+    def load_state(self, node_id: str) -> tuple[Written, bytes] | None:
+        """The newest full state (its version, and the verified bytes of its trainer state), if any."""
+        states = self.states(node_id)
+        if not states:
+            latest = self.latest(node_id)
+            if latest is not None and latest.manifest.extras:
+                raise CheckpointError(
+                    "unsupported",
+                    f"the checkpoints under {self.node_dir(node_id).uri()} were written by an older sapo "
+                    "(format 1) and hold no state this trainer resumes: point the checkpoint root at a "
+                    "fresh location",
+                )
+            return None
+        directory = self.version_dir(node_id, states[-1])
+        record = StateRecord.from_json(storage.read_bytes(directory / STATE_RECORD))
+        written = self.stored(node_id, states[-1])
+        if written.manifest_sha256 != record.manifest_sha256:
+            raise CheckpointError(
+                "digest_mismatch",
+                f"the state at {directory.uri()} belongs to other weights than its manifest",
+            )
+        (entry,) = record.files
+        return written, bytes(storage.read_verified(directory, entry, record.digest))
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _writer(tensors: Mapping[str, torch.Tensor]) -> Callable[[Hashing], None]:
+    return lambda out: write_tensors(out, tensors)
 
 
-def manifest_path(uri: str) -> Path:
-    parsed = urlparse(uri)
-    if parsed.scheme not in ("file", ""):
-        raise CheckpointError(
-            "unsupported", f"unsupported checkpoint URI scheme {parsed.scheme!r} in {uri}; use file://"
-        )
-    return Path(unquote(parsed.path))
+def _same_weights(
+    manifest: Manifest, shards: list[dict[str, torch.Tensor]], aliases: Mapping[str, str]
+) -> bool:
+    """Whether `shards` serialise to exactly the files `manifest` lists (digests in its own algorithm)."""
+    if len(shards) != len(manifest.weights) or dict(aliases) != dict(manifest.aliases):
+        return False
+    for index, (shard, entry) in enumerate(zip(shards, manifest.weights, strict=True)):
+        sink = Hashing(None, manifest.digest)
+        write_tensors(sink, shard)
+        if entry != FileEntry(_shard_name(index, len(shards)), sink.hexdigest(), sink.bytes):
+            return False
+    return True
 
 
-def read_manifest(uri: str, expected_sha256: str) -> tuple[Manifest, Path]:
-    """Load and verify a manifest against the digest announced with it."""
-    path = manifest_path(uri)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise CheckpointError("missing", f"cannot read manifest {uri}: {exc}") from None
-    got = hashlib.sha256(data).hexdigest()
+# --- reading (generators and the trainer alike) ------------------------------------------------------------
+
+
+def read_manifest(uri: str, expected_sha256: str) -> tuple[Manifest, Location]:
+    """Load a manifest and check it against the digest announced with it."""
+    target = storage.location(uri)
+    data = storage.read_bytes(target)
+    got = sha256_hex(data)
     if got != expected_sha256:
         raise CheckpointError(
             "digest_mismatch", f"manifest digest mismatch for {uri}: {got} != {expected_sha256}"
         )
-    return Manifest.from_json(data), path.parent
+    directory = Location(target.fs, target.path.rsplit("/", 1)[0])
+    return Manifest.from_json(data), directory
 
 
-def _verified(directory: Path, entry: FileEntry) -> Path:
-    path = directory / entry.name
-    if not path.is_file():
-        raise CheckpointError("missing", f"checkpoint file missing: {path}")
-    got = sha256_file(path)
-    if got != entry.sha256:
-        raise CheckpointError(
-            "digest_mismatch", f"checkpoint file corrupt: {path} sha256 {got} != {entry.sha256}"
-        )
-    return path
-
-
-def load_weights(manifest: Manifest, directory: Path) -> dict[str, torch.Tensor]:
-    """All weight shards, each verified against its manifest digest before it is parsed."""
-    state: dict[str, torch.Tensor] = {}
+def load_weights(manifest: Manifest, directory: Location, *, tied: bool = True) -> dict[str, torch.Tensor]:
+    """Every weight shard, each verified while it is read; with `tied`, aliases name the same tensors
+    as their targets (a strict `load_state_dict` needs them), else they are left out (a tied model
+    fills them itself, and copying them again costs time)."""
+    tensors: dict[str, torch.Tensor] = {}
     for entry in manifest.weights:
-        state.update(load_file(str(_verified(directory, entry))))
-    return state
-
-
-def load_extra(manifest: Manifest, directory: Path, name: str) -> bytes:
-    entry = next((e for e in manifest.extras if e.name == name), None)
-    if entry is None:
-        raise CheckpointError("missing", f"checkpoint v{manifest.version} has no {name}")
-    return _verified(directory, entry).read_bytes()
+        buffer = storage.read_verified(directory, entry, manifest.digest)
+        try:
+            tensors.update(parse_tensors(buffer))
+        except TensorFileError as exc:
+            raise CheckpointError("malformed", f"{(directory / entry.name).uri()}: {exc}") from None
+    missing = sorted(set(manifest.aliases.values()) - set(tensors))
+    if missing:
+        raise CheckpointError("malformed", f"aliases of tensors the checkpoint lacks: {missing[:3]}")
+    return restore_ties(tensors, manifest.aliases) if tied else tensors

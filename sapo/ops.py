@@ -28,6 +28,7 @@ class Health:
         self._max_silence_s = max_silence_s
         self._beat = time.monotonic()
         self._conditions: dict[str, bool] = {}
+        self._deadlines: dict[str, float] = {}
         self._lock = threading.Lock()
 
     def beat(self) -> None:
@@ -38,7 +39,19 @@ class Health:
         self._max_silence_s = seconds
 
     def alive(self) -> bool:
-        return time.monotonic() - self._beat <= self._max_silence_s
+        now = time.monotonic()
+        with self._lock:
+            overdue = any(now > deadline for deadline in self._deadlines.values())
+        return not overdue and now - self._beat <= self._max_silence_s
+
+    def fail_after(self, name: str, seconds: float | None) -> None:
+        """Liveness fails once `seconds` pass before this is called again with None: for a loop that
+        beats but makes no progress (a generator that cannot load the version it waits for)."""
+        with self._lock:
+            if seconds is None:
+                self._deadlines.pop(name, None)
+            else:
+                self._deadlines[name] = time.monotonic() + seconds
 
     def require(self, *names: str) -> None:
         """Declare conditions that start false; readiness waits for all of them."""

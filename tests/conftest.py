@@ -1,4 +1,5 @@
-"""Shared fixtures: one Kafka per test session, a unique topic prefix per test.
+"""Shared fixtures: one Kafka per test session, a unique topic prefix per test, and a real S3 API
+(moto's server on 127.0.0.1, started once per session on first use) with a fresh bucket per test.
 
 Set SAPO_TEST_KAFKA_BOOTSTRAP=host:port to run the integration tests against an existing Kafka (for
 example a real Apache Kafka, to check that nothing depends on tansu's quirks); otherwise one embedded
@@ -19,6 +20,7 @@ from collections.abc import Iterator
 import pytest
 
 from sapo.broker import EmbeddedBroker
+from tests.s3 import S3Server, moto_server
 
 BOOTSTRAP_ENV = "SAPO_TEST_KAFKA_BOOTSTRAP"
 
@@ -45,3 +47,18 @@ def topic_prefix(request: pytest.FixtureRequest) -> str:
 def kafka_client_config(kafka_bootstrap: str) -> dict[str, str]:
     """Base librdkafka config for tests; consumers add `sapo.settings.ConsumerProfile.local()` on top."""
     return {"bootstrap.servers": kafka_bootstrap}
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """moto's S3 server on a free loopback port, for the whole session."""
+    with moto_server() as server:
+        yield server
+
+
+@pytest.fixture
+def s3_url(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> str:
+    """`s3://<fresh bucket>/checkpoints`, with this test's AWS_* variables pointing at the server."""
+    for name, value in s3_server.env.items():
+        monkeypatch.setenv(name, value)
+    return f"s3://{s3_server.create_bucket()}/checkpoints"

@@ -153,6 +153,10 @@ class GenerationBackend(Protocol):
         """
         ...
 
-    def load_weights(self, weights: WeightsSource, version: int) -> None:
-        """Replace the policy weights (same architecture) and record ``version`` as the model version."""
+    def load_weights(self, weights: WeightsSource, version: int, *, owned: bool = False) -> None:
+        """Replace the policy weights (same architecture) and record ``version`` as the model version.
+
+        ``owned``: the caller hands the tensors over (a checkpoint buffer it just verified), so a backend
+        may make them its weights instead of copying them.
+        """
         ...

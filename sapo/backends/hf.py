@@ -171,6 +171,21 @@ def _check_keys(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> No
         )
 
 
+def _adopt(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Make the tensors that fit exactly the model's own (tied parameters are one object, so both
+    names follow); return the rest, to be copied."""
+    targets: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
+    targets |= dict(model.named_buffers(remove_duplicate=False))
+    rest: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        target = targets[name]
+        if (target.dtype, target.device, target.shape) == (tensor.dtype, tensor.device, tensor.shape):
+            target.data = tensor.detach()
+        else:
+            rest[name] = tensor
+    return rest
+
+
 def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
     """End-of-sequence ids: the checkpoint's generation config plus the tokenizer's EOS token."""
     configured = model.generation_config.eos_token_id
@@ -230,11 +245,14 @@ class TransformersBackend:
     def model_version(self) -> int:
         return self._version
 
-    def load_weights(self, weights: WeightsSource, version: int) -> None:
-        """Copy new weights into the model in place (dtype converted), checking keys first."""
+    def load_weights(self, weights: WeightsSource, version: int, *, owned: bool = False) -> None:
+        """Swap new weights into the model, checking keys first. Owned tensors with a parameter's dtype,
+        device and shape become its data (no copy: a 135M policy swaps in the time of its digest);
+        the others are copied in place (dtype converted)."""
         state = _read_weights(weights)
         _check_keys(self._model, state)
-        self._model.load_state_dict(state, strict=False)
+        rest = _adopt(self._model, state) if owned else state
+        self._model.load_state_dict(rest, strict=False)
         self._version = version
 
     def generate(

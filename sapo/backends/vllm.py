@@ -174,7 +174,7 @@ class VLLMBackend:
             seed=seed,
         )
 
-    def load_weights(self, weights: WeightsSource, version: int) -> None:
+    def load_weights(self, weights: WeightsSource, version: int, *, owned: bool = False) -> None:
         """Stream new weights into every worker, then drop KV prefixes computed with the old ones."""
         if isinstance(weights, Mapping):
             with tempfile.TemporaryDirectory(prefix="sapo-weights-") as tmp:

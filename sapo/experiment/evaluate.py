@@ -18,7 +18,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from sapo.backends import SamplingConfig, TransformersBackend
-from sapo.checkpoints import CheckpointStore, load_weights, read_manifest
+from sapo.checkpoints import CheckpointStore, load_weights
 from sapo.models import load_model
 from sapo.tasks import (
     STOP_STRINGS,
@@ -115,6 +115,5 @@ def load_final_policy(
     latest = store.latest(node_id)
     if latest is None:
         raise FileNotFoundError(f"no checkpoint of {node_id} under {checkpoint_root}")
-    manifest, directory = read_manifest(latest.manifest_uri, latest.manifest_sha256)
-    model.load_state_dict(load_weights(manifest, directory), strict=True)
-    return model, tokenizer, int(manifest.version)
+    model.load_state_dict(load_weights(latest.manifest, latest.directory), strict=True)
+    return model, tokenizer, latest.manifest.version

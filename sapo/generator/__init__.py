@@ -6,6 +6,7 @@ No Kafka here: `sapo.node.generator` wires these to the transport, the model bac
 - `groups`: RolloutGroups built from sampled completions, and `generate_items`, which samples the
   items a replica holds in one backend call.
 - `sharing`: which groups go to the swarm topic.
+- `reload`: retrying a policy version that failed to load, and when to give up.
 - `settings`: `GeneratorSettings`, the service's settings (imported from there, not from this package).
 """
 
@@ -18,6 +19,7 @@ from sapo.generator.groups import (
     generate_items,
     to_completion,
 )
+from sapo.generator.reload import ReloadPolicy, Retry, is_transient
 from sapo.generator.sharing import SharingPolicy, should_share
 from sapo.generator.work import Item, Pacing, PacingMode, group_id, item_seed, plan_rounds, round_items
 
@@ -27,12 +29,15 @@ __all__ = [
     "Item",
     "Pacing",
     "PacingMode",
+    "ReloadPolicy",
+    "Retry",
     "RoundPrompt",
     "RoundSource",
     "SharingPolicy",
     "build_group",
     "generate_items",
     "group_id",
+    "is_transient",
     "item_seed",
     "plan_rounds",
     "round_items",

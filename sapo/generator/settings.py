@@ -12,6 +12,7 @@ from typing import Self
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from sapo.generator.reload import ReloadPolicy
 from sapo.generator.sharing import SharingPolicy, should_share
 from sapo.models import is_project_ref
 from sapo.models.settings import ModelSettings
@@ -107,6 +108,31 @@ class GeneratorSettings(ServiceSettings, ModelSettings):
         description="/healthz fails when the loop is silent this long: must exceed the longest backend call.",
     )
 
+    weights_retry_initial_s: float = Field(
+        0.5,
+        ge=0.01,
+        le=60.0,
+        description="First wait before retrying a policy version whose manifest or shard is not visible "
+        "yet (NFS attribute caches, object store replicas); doubles per attempt.",
+    )
+    weights_retry_max_s: float = Field(
+        15.0, ge=0.01, le=600.0, description="Longest wait between two retries of one policy version."
+    )
+    weights_retry_give_up_s: float = Field(
+        300.0,
+        ge=1.0,
+        le=86_400.0,
+        description="Stop retrying a version that stayed unreadable this long (counted as a rejection).",
+    )
+    weights_max_behind_s: float = Field(
+        900.0,
+        ge=1.0,
+        le=86_400.0,
+        description="/healthz fails when the loaded weights stay behind the newest announced version this "
+        "long (readiness is false from the first moment): a generator that cannot load what it waits for "
+        "gets restarted.",
+    )
+
     @field_validator("profile")
     @classmethod
     def _check_profile(cls, value: str) -> str:
@@ -120,6 +146,11 @@ class GeneratorSettings(ServiceSettings, ModelSettings):
             raise ValueError(
                 f"share_fraction goes with sharing=fraction only: set {prefix}SHARING=fraction and "
                 f"{prefix}SHARE_FRACTION=<0..1> together, or neither"
+            )
+        if self.weights_retry_max_s < self.weights_retry_initial_s:
+            raise ValueError(
+                f"set {prefix}WEIGHTS_RETRY_MAX_S >= {prefix}WEIGHTS_RETRY_INITIAL_S "
+                f"({self.weights_retry_initial_s})"
             )
         if self.backend is BackendKind.VLLM:
             self._check_vllm(prefix)
@@ -148,6 +179,14 @@ class GeneratorSettings(ServiceSettings, ModelSettings):
     def task_profile(self) -> Profile:
         """The resolved task profile (validated at start, so this does not fail later)."""
         return load_profile(self.profile)
+
+    def reload_policy(self) -> ReloadPolicy:
+        return ReloadPolicy(
+            initial_s=self.weights_retry_initial_s,
+            max_s=self.weights_retry_max_s,
+            give_up_s=self.weights_retry_give_up_s,
+            max_behind_s=self.weights_max_behind_s,
+        )
 
     def shares(self, group: rollout_pb2.RolloutGroup) -> bool:
         """Whether the group goes to the swarm topic under the sharing policy."""

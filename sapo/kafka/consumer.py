@@ -153,6 +153,8 @@ class ConsumerLoop:
         poll_timeout_s: float = 1.0,
     ) -> None:
         self._client = client
+        self.opened = False
+        """Whether `open` subscribed (the loop may be stepped)."""
         self._closed = False
         self._topics = list(topics)
         self._handler = handler
@@ -182,6 +184,7 @@ class ConsumerLoop:
     def open(self) -> None:
         """Join the group; `step()` may be called from then on."""
         self._client.subscribe(self._topics, self._assigned, self._revoked, self._lost)
+        self.opened = True
 
     def step(self, timeout_s: float | None = None) -> bool:
         """Poll once and handle what arrived; True when a record was read. Lets one thread drive

@@ -71,7 +71,9 @@ def build_trainer(settings: TrainerSettings) -> Trainer:
         tokenizer,
         model_ref=settings.model,
         node_id=settings.node_id,
-        store=CheckpointStore(settings.checkpoint_root, keep_last=settings.keep_last),
+        store=CheckpointStore(
+            settings.checkpoint_root, keep_last=settings.keep_last, digest=settings.checkpoint_digest
+        ),
         optim=settings.optim_config(),
         step=settings.step_config(),
         max_sequence_tokens=settings.max_sequence_tokens,

@@ -138,6 +138,7 @@ class GeneratorService:
             stop=runtime.stop,
             max_message_bytes=settings.max_message_bytes,
             catchup_idle_s=settings.policy_catchup_idle_s,
+            reload=settings.reload_policy(),
             dead_letters=runtime.dead_letters,
             shapes=model_shapes(backend),
         )

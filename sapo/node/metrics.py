@@ -20,9 +20,19 @@ from sapo.trainer import RowMode, StepReport
 # --- generator ---
 
 WORK_OUTCOMES = ("generated", "obsolete", "duplicate")
-LOAD_FAILURE_REASONS = ("digest_mismatch", "missing", "malformed", "incompatible", "checkpoint")
-"""Why a policy version was rejected: sha256 of manifest or shard wrong; a file absent; an unreadable
-manifest; weights that do not fit the model; any other checkpoint error."""
+LOAD_FAILURE_REASONS = (
+    "digest_mismatch",
+    "missing",
+    "unavailable",
+    "malformed",
+    "incompatible",
+    "checkpoint",
+)
+"""Why a policy version was rejected: a manifest or file digest wrong; a file still absent (or the
+store still not answering) when retries gave up; an unreadable manifest or file; weights that do not
+fit the model; any other checkpoint error."""
+RETRY_REASONS = ("missing", "unavailable")
+"""Why a load was retried: a manifest or file not visible yet; the store did not answer."""
 
 _ROUND_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1200)
 _LOAD_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -59,6 +69,15 @@ class GeneratorMetrics:
         )
         self.policy_version = Gauge(
             f"{p}_policy_version", "Policy version of the weights in the backend.", registry=registry
+        )
+        self.announced_version = Gauge(
+            f"{p}_announced_version", "Newest policy version announced for this node.", registry=registry
+        )
+        self.weight_load_retries = Counter(
+            f"{p}_weight_load_retries_total",
+            "Loads of a policy version retried after a transient failure, by reason.",
+            ["reason"],
+            registry=registry,
         )
         self.round = Gauge(f"{p}_round", "Highest round this replica generated so far.", registry=registry)
         self.weight_load_seconds = Histogram(
@@ -97,6 +116,8 @@ class GeneratorMetrics:
             self.weight_load_failures.labels(reason)
         for outcome in WORK_OUTCOMES:
             self.work_items.labels(outcome)
+        for reason in RETRY_REASONS:
+            self.weight_load_retries.labels(reason)
 
 
 # --- sampler ---
@@ -168,6 +189,7 @@ class SamplerMetrics:
 P = "sapo_trainer"
 SKIP_REASONS = ("error", "bad_logprobs", "bad_question", "bad_temperature", "prompt_too_long", "empty")
 BATCH_OUTCOMES = ("trained", "empty", "duplicate")
+PUBLISH_OUTCOMES = ("written", "verified", "diverged", "skipped")
 STEP_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
 CHECKPOINT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32)
 STALENESS_BUCKETS = (0, 1, 2, 4, 8, 16, 32)
@@ -227,9 +249,22 @@ class TrainerMetrics:
         )
         self.checkpoint_seconds = Histogram(
             f"{P}_checkpoint_seconds",
-            "Wall time to write one checkpoint.",
+            "Wall time to publish one policy version (weights only; or verify a replayed one).",
             buckets=CHECKPOINT_BUCKETS,
             registry=registry,
+        )
+        self.state_seconds = Histogram(
+            f"{P}_state_seconds",
+            "Wall time to write one full trainer state (optimizer, schedule, RNG, offsets, ledger).",
+            buckets=CHECKPOINT_BUCKETS,
+            registry=registry,
+        )
+        self.versions_published = counter(
+            "versions_published",
+            "Policy versions published, by outcome: written; verified (a replayed version equal to the "
+            "stored one); diverged (a replay differed: the stored weights were kept); skipped (a replay "
+            "below the newest stored version that is no longer stored).",
+            ("outcome",),
         )
         self.staleness = Histogram(
             f"{P}_staleness_versions",
@@ -239,6 +274,8 @@ class TrainerMetrics:
         )
         for outcome in BATCH_OUTCOMES:
             self.batches.labels(outcome)
+        for outcome in PUBLISH_OUTCOMES:
+            self.versions_published.labels(outcome)
         for mode in RowMode:
             self.sequences.labels(mode.value)
         for reason in SKIP_REASONS:

@@ -6,10 +6,13 @@ noted while records are read; the newest one is loaded after the read, between r
 versions that arrived during a long round costs one load, not one per version.
 
 A version is loaded only after its manifest matches the announced sha256 and every shard matches the
-manifest (`sapo.checkpoints`), and only if every tensor fits the model. Any failure leaves the old
-weights in place, is counted by reason and logged, and turns readiness (`weights_ok`) false until a good
-version loads. A rejected version is not retried: checkpoints are immutable, so only a newer
-announcement can fix it.
+manifest (`sapo.checkpoints`, verified while read), and only if every tensor fits the model. Any
+failure leaves the old weights in place and is logged. A transient one (an object not visible yet, a
+store that did not answer) is retried with bounded backoff and counted per retry; a permanent one
+(digest mismatch, malformed, incompatible) or a version that stays unreadable past the give-up bound
+is rejected and counted by reason, and only a newer announcement can fix it (`sapo.generator.reload`).
+Readiness (`weights_ok`) is false while the loaded weights are behind the newest announced version;
+liveness fails once they stay behind longer than `max_behind_s`.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from safetensors import SafetensorError
 
 from sapo.backends import GenerationBackend
 from sapo.checkpoints import CheckpointError, load_weights, read_manifest
+from sapo.generator import ReloadPolicy, Retry, is_transient
 from sapo.kafka import ConsumerClient, ConsumerLoop, DeadLetters, Disposition, Record, TransportMetrics
 from sapo.lifecycle import StopFlag
 from sapo.node.metrics import GeneratorMetrics
@@ -33,6 +37,7 @@ from sapo.wire import InvalidMessageError, decode, validate_policy_update
 log = logging.getLogger(__name__)
 
 WEIGHTS_OK = "weights_ok"
+WEIGHTS_CURRENT = "weights_current"  # the liveness deadline's name
 _MAX_DRAIN = 1000
 _WARN_EVERY_S = 30.0
 
@@ -44,7 +49,8 @@ class IncompatibleWeightsError(ValueError):
 def failure_reason(exc: Exception) -> str:
     """A bounded metric label for a failed load (see `metrics.LOAD_FAILURE_REASONS`)."""
     if isinstance(exc, CheckpointError):
-        return exc.reason if exc.reason in ("digest_mismatch", "missing", "malformed") else "checkpoint"
+        known = ("digest_mismatch", "missing", "unavailable", "malformed")
+        return exc.reason if exc.reason in known else "checkpoint"
     if isinstance(exc, SafetensorError):
         return "malformed"
     if isinstance(exc, OSError):
@@ -79,6 +85,7 @@ class PolicyFollower:
         stop: StopFlag,
         max_message_bytes: int,
         catchup_idle_s: float,
+        reload: ReloadPolicy,
         dead_letters: DeadLetters | None = None,
         shapes: Mapping[str, tuple[int, ...]] | None = None,
         poll_timeout_s: float = 0.2,
@@ -102,7 +109,10 @@ class PolicyFollower:
         self._max_bytes = max_message_bytes
         self._catchup_idle_s = catchup_idle_s
         self._shapes = shapes
+        self._reload = reload
         self._pending: policy_pb2.PolicyUpdate | None = None
+        self._retry: tuple[policy_pb2.PolicyUpdate, Retry] | None = None
+        self._behind = False
         self.announced = backend.model_version
         """Newest version announced for this node, loaded or not."""
         health.require(WEIGHTS_OK)
@@ -134,8 +144,8 @@ class PolicyFollower:
                     log.warning("policy topic %s not assigned yet (does it exist?)", self._topic)
                     warned = now
             elif now - idle_since >= self._catchup_idle_s:
-                if self._apply_pending() is not False:
-                    self._health.set(WEIGHTS_OK, True)
+                self._apply_pending()
+                self._track_behind()
                 log.info("policy caught up: announced v%d, loaded v%d", self.announced, self.loaded)
                 return True
         return False
@@ -148,6 +158,7 @@ class PolicyFollower:
                 break
             got = self._loop.step(0.0)
         self._apply_pending()
+        self._track_behind()
 
     def _handle(self, record: Record) -> Disposition:
         update = decode(policy_pb2.PolicyUpdate, record.value, self._max_bytes)
@@ -159,17 +170,23 @@ class PolicyFollower:
                 "foreign_node", f"update for {update.node_id!r} on {self._node_id}'s topic"
             )
         self.announced = max(self.announced, update.version)
+        self._metrics.announced_version.set(self.announced)
         if update.version > self.loaded and (self._pending is None or update.version > self._pending.version):
             self._pending = update
         return Disposition.DONE
 
     def _apply_pending(self) -> bool | None:
-        """Load the pending update if it is newer than the weights: True/False = loaded/rejected,
-        None = nothing to do."""
+        """Load the newest pending update, or retry one that failed transiently once its backoff has
+        passed: True/False = loaded/not (yet), None = nothing to do now."""
         update, self._pending = self._pending, None
-        if update is None or update.version <= self.loaded:
-            return None
-        return self._load(update)
+        retrying = self._retry[0] if self._retry is not None else None
+        floor = max(self.loaded, retrying.version if retrying is not None else -1)
+        if update is not None and update.version > floor:
+            self._retry = None  # a newer version supersedes the one being retried
+            return self._load(update)
+        if self._retry is not None and time.monotonic() >= self._retry[1].next_at:
+            return self._load(self._retry[0])
+        return None
 
     def _load(self, update: policy_pb2.PolicyUpdate) -> bool:
         started = time.perf_counter()
@@ -181,22 +198,55 @@ class PolicyFollower:
                     f"malformed manifest: it describes {manifest.node_id} v{manifest.version}, "
                     f"the update announced {update.node_id} v{update.version}",
                 )
-            state = load_weights(manifest, directory)
+            # Tied copies are left out: the model ties them itself (the backend checks coverage).
+            state = load_weights(manifest, directory, tied=False)
             if self._shapes is not None:
                 check_shapes(state, self._shapes)
-            self._backend.load_weights(state, update.version)
+            self._backend.load_weights(state, update.version, owned=True)  # verified buffers, ours alone
         # Tolerated by design: a bad checkpoint must not take the generator down; old weights stay.
         except (CheckpointError, SafetensorError, OSError, ValueError, RuntimeError) as exc:
-            reason = failure_reason(exc)
-            self._metrics.weight_load_failures.labels(reason).inc()
-            self._health.set(WEIGHTS_OK, False)
-            log.error(
-                "rejected policy v%d (%s): %s; keeping v%d", update.version, reason, str(exc), self.loaded
-            )
+            self._failed(update, failure_reason(exc), exc)
+            self._track_behind()
             return False
+        self._retry = None
         seconds = time.perf_counter() - started
         self._metrics.weight_load_seconds.observe(seconds)
         self._metrics.policy_version.set(update.version)
-        self._health.set(WEIGHTS_OK, True)
+        self._track_behind()
         log.info("loaded policy v%d from %s in %.2fs", update.version, update.manifest_uri, seconds)
         return True
+
+    def _failed(self, update: policy_pb2.PolicyUpdate, reason: str, exc: Exception) -> None:
+        """Schedule a retry of a transient failure, or reject the version (counted, not retried)."""
+        now = time.monotonic()
+        if is_transient(reason):
+            previous = self._retry[1] if self._retry is not None else Retry(update.version, 0, now, now)
+            following = previous.after_failure(self._reload, now)
+            if following is not None:
+                self._retry = (update, following)
+                self._metrics.weight_load_retries.labels(reason).inc()
+                log.warning(
+                    "policy v%d not loadable yet (%s, attempt %d; retrying in %.1fs): %s",
+                    update.version,
+                    reason,
+                    following.attempts,
+                    following.next_at - now,
+                    str(exc),
+                )
+                return
+            reason_text = f"{reason} for {now - previous.since:.0f}s, gave up"
+        else:
+            reason_text = reason
+        self._retry = None
+        self._metrics.weight_load_failures.labels(reason).inc()
+        log.error(
+            "rejected policy v%d (%s): %s; keeping v%d", update.version, reason_text, str(exc), self.loaded
+        )
+
+    def _track_behind(self) -> None:
+        """Readiness while the newest announced version is loaded; a liveness deadline while not."""
+        behind = self.loaded < self.announced
+        self._health.set(WEIGHTS_OK, not behind)
+        if behind != self._behind:
+            self._health.fail_after(WEIGHTS_CURRENT, self._reload.max_behind_s if behind else None)
+            self._behind = behind

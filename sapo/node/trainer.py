@@ -4,14 +4,16 @@ Delivery semantics (docs/architecture.md, Delivery; the training side is in `sap
 
 - Input: `<prefix>.node.<id>.batches`, at-least-once. Idempotency key: the batch sequence (and id).
 - Per batch: decode and validate (bad input is dead-lettered) -> skip duplicates -> train -> hold the
-  record. Every `checkpoint_every` batches, when idle with unsaved steps, and when stopping: write the
-  checkpoint (weights + optimizer + schedule + RNG + next offsets + ledger) -> `send_sync` the
-  `PolicyUpdate` (compacted topic, key = node id) -> finish the held records -> commit. A crash before
-  the checkpoint replays the uncheckpointed batches; a crash after it re-announces the version on
-  restart, and the consumer starts at the checkpoint's offsets (`on_assign`), not at the possibly older
-  committed ones, so nothing is trained twice or skipped.
-- On start: resume from the latest checkpoint, or write version 0 (the initial weights); either way
-  announce it, so a (re)starting generator has something to load.
+  record. Every `checkpoint_every` batches, and when idle with unpublished steps: publish the weights
+  as a policy version -> `send_sync` the `PolicyUpdate` (compacted topic, key = node id). Every
+  `state_every` versions, and when stopping: write the full trainer state beside the published
+  version (after its announcement, so generators never wait for it) -> finish the held records ->
+  commit. A crash replays the batches since the last full state: the consumer starts at the state's
+  offsets (`on_assign`), not at the possibly older committed ones, so nothing is trained twice or
+  skipped, and the replayed versions are verified against the published ones (`sapo.checkpoints`).
+- On start: resume from the newest full state, or write version 0 (the initial weights) with a
+  state; then announce the newest stored version, so a (re)starting generator never goes back to an
+  older one while the trainer replays.
 - One trainer replica per node: it owns the node's checkpoint directory and its policy versions.
 """
 
@@ -25,7 +27,7 @@ from typing import Self
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from sapo.checkpoints import Written, read_manifest
+from sapo.checkpoints import Published, Written
 from sapo.kafka import (
     ConsumerClient,
     ConsumerLoop,
@@ -105,6 +107,8 @@ class TrainerService:
         )
         self._held: list[Record] = []
         self._announced = -1
+        self._published = -1
+        self._stored = True  # whether the published version is in the store (a full state needs it)
         self._last_report: StepReport | None = None
         self.planner = WorkPlanner(
             publisher,
@@ -150,7 +154,10 @@ class TrainerService:
         )
         written, resumed = self.trainer.initialize()
         log.info("%s version %d", "resumed at" if resumed else "wrote initial", self.trainer.version)
-        self._announce(written)
+        self._published = self.trainer.version
+        newest = self.trainer.store.latest(self.settings.node_id) if resumed else None
+        ahead = newest is not None and newest.manifest.version > self.trainer.version
+        self._announce(newest if ahead and newest is not None else written)
         self.metrics.policy_version.set(self.trainer.version)
         self.metrics.learning_rate.set(self.trainer.lr)
         self.health.set("model_loaded", True)
@@ -184,7 +191,7 @@ class TrainerService:
             self._last_report = report
             self.metrics.observe(report)
             self._log_step(report)
-            due = self.trainer.version - self._announced >= self.settings.checkpoint_every
+            due = self.trainer.version - self._published >= self.settings.checkpoint_every
             if due or self.stop.is_set():
                 self._checkpoint_and_release()
         return Disposition.HELD
@@ -200,26 +207,50 @@ class TrainerService:
             self.health.beat()
 
     def flush(self) -> None:
-        """Checkpoint and announce unsaved steps, then release their input records for commit."""
-        if self.trainer.version == self._announced:
+        """Publish unpublished steps and write the full state, then release their records for commit."""
+        if self.trainer.version == self._published == self.trainer.state_version:
             return
         with self._busy():
-            self._checkpoint_and_release()
+            self._checkpoint_and_release(final=True)
 
-    def _checkpoint_and_release(self) -> None:
+    def _checkpoint_and_release(self, *, final: bool = False) -> None:
+        """Publish and announce unpublished steps; write the full state when due (or `final`), and only
+        then finish the held records and commit their offsets."""
+        if self.trainer.version > self._published:
+            started = time.perf_counter()
+            published = self.trainer.publish()
+            self.metrics.checkpoint_seconds.observe(time.perf_counter() - started)
+            self.metrics.versions_published.labels(published.outcome).inc()
+            self._published = self.trainer.version
+            self._stored = published.written is not None  # skipped: a replay below the newest version
+            self._announce_published(published)
+        due = self.trainer.version - self.trainer.state_version >= self.settings.state_every
+        if not self._stored or self.trainer.version == self.trainer.state_version:
+            return
+        if not (due or final or self.stop.is_set()):
+            return
         started = time.perf_counter()
-        written = self.trainer.checkpoint()
-        self.metrics.checkpoint_seconds.observe(time.perf_counter() - started)
-        self._announce(written)
+        self.trainer.save_state()
+        seconds = time.perf_counter() - started
+        self.metrics.state_seconds.observe(seconds)
+        log.info("wrote the full state of version %d in %.2fs", self.trainer.version, seconds)
         for record in self._held:
             self.loop.finish(record)
         self._held.clear()
         self.loop.commit()
 
+    def _announce_published(self, published: Published) -> None:
+        written = published.written
+        if written is None or written.manifest.version <= self._announced:
+            log.info("version %d %s, not announced again", self.trainer.version, published.outcome)
+            return
+        self._announce(written)
+
     def on_idle(self) -> None:
         self.health.beat()
-        if self._held:
-            self.flush()  # a lock-step sampler waits for this version before it sends the next batch
+        if self.trainer.version > self._published:
+            with self._busy():  # a lock-step sampler waits for this version before it sends the next batch
+                self._checkpoint_and_release()
 
     def on_assign(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
         """Start every partition at the offset the weights in memory reflect (the checkpoint's on start)."""
@@ -233,7 +264,7 @@ class TrainerService:
         self.health.set("partitions_assigned", bool(self.loop.assigned.difference(tps)))
 
     def _announce(self, written: Written) -> None:
-        manifest, _ = read_manifest(written.manifest_uri, written.manifest_sha256)
+        manifest = written.manifest
         created = Timestamp()
         created.FromNanoseconds(int(manifest.created_at * 1e9))
         update = policy_pb2.PolicyUpdate(

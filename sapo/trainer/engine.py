@@ -9,11 +9,14 @@ Version = number of batches applied (0 = the initial weights).
 Delivery semantics, with the service loop around it (`sapo.node.trainer`):
 
 - Input is at-least-once: a batch may be delivered again after a crash or a rebalance.
-- The effect is exactly-once. A checkpoint holds the weights and, in `trainer_state.pt`, the optimizer,
-  schedule and RNG states, the next input offset of every batch partition, the next expected batch
-  sequence and the ledger version -> batch id. It is written before the policy is announced and before
-  the batch's offset is committed; on start the latest checkpoint is loaded and the consumer is
-  positioned at its offsets (the checkpoint is the source of truth, the committed offset is advisory).
+- The effect is exactly-once. A policy version (`publish`) holds the weights only; a full state
+  (`save_state`, every `state_every` versions and on shutdown, beside a published version) holds, in
+  `trainer_state.pt`, the optimizer, schedule and RNG states, the next input offset of every batch
+  partition, the next expected batch sequence and the ledger version -> batch id. Input offsets are
+  committed only after a full state; on start the newest full state is loaded and the consumer is
+  positioned at its offsets (the state is the source of truth, the committed offset is advisory), so
+  batches trained after it are replayed. The replay re-derives the versions already published under
+  the same numbers; `sapo.checkpoints` verifies them and keeps the stored weights should they differ.
 - A batch whose sequence is below the next expected one, or whose id is in the ledger, is a duplicate
   and is skipped. A sequence above the expected one (a batch lost upstream) is trained and counted as
   a gap.
@@ -23,24 +26,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import shutil
 import time
 from dataclasses import dataclass
+from typing import IO, cast
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from sapo.checkpoints import (
-    CheckpointError,
-    CheckpointStore,
-    Written,
-    load_extra,
-    load_weights,
-    read_manifest,
-)
+from sapo.checkpoints import CheckpointError, CheckpointStore, Published, Written, load_weights
+from sapo.digests import Hashing
 from sapo.kafka.records import TopicPartition
 from sapo.trainer.optim import OptimConfig, build_optimizer, current_lr
 from sapo.trainer.sequences import BuiltBatch, ExternalLogprobs, SequenceBuilder
-from sapo.trainer.state import TRAINER_STATE, LedgerEntry, TrainerState, deserialize, serialize
+from sapo.trainer.state import LedgerEntry, TrainerState, deserialize, serialize
 from sapo.trainer.step import (
     StepConfig,
     StepStats,
@@ -100,6 +97,8 @@ class Trainer:
         model.eval()  # type: ignore[no-untyped-call]
         self.optimizer, self.scheduler = build_optimizer(model.parameters(), optim)
         self.state = TrainerState()
+        self.state_version = -1
+        """Version of the newest full state written or resumed (-1: none yet)."""
 
     @property
     def version(self) -> int:
@@ -147,49 +146,72 @@ class Trainer:
         """Record that input up to `next_offset` of `tp` is reflected in the weights."""
         self.state.offsets[tp] = max(next_offset, self.state.offsets.get(tp, 0))
 
-    def checkpoint(self) -> Written:
-        """Write the current version: weights plus `trainer_state.pt` (see `sapo.trainer.state`)."""
+    def publish(self) -> Published:
+        """Store the current weights as policy version `version` (weights only). A version replayed
+        after a resume is verified against the stored one; should they differ, the stored weights are
+        loaded, so a version number keeps the meaning it was announced with."""
         last = self.state.ledger[-1] if self.state.ledger else None
         meta = {
             "batch_id": last.batch_id if last else "",
             "sequence": last.sequence if last else -1,
             "tokenizer_fingerprint": self.builder.fingerprint,
         }
-        return self.store.write(
-            self.node_id,
-            self.state.version,
-            self.model.state_dict(),
-            base_model=self.model_ref,
-            extras={TRAINER_STATE: serialize(self.state, self.optimizer, self.scheduler)},
-            meta=meta,
+        published = self.store.publish(
+            self.node_id, self.state.version, self.model.state_dict(), base_model=self.model_ref, meta=meta
         )
+        if published.outcome == "diverged" and published.written is not None:
+            log.warning(
+                "replayed version %d differs from the stored one (non-deterministic training?): "
+                "continuing from the stored weights",
+                self.state.version,
+            )
+            stored = published.written
+            self.model.load_state_dict(load_weights(stored.manifest, stored.directory), strict=True)
+        return published
+
+    def save_state(self) -> bool:
+        """Write the full state beside the current (published) version; False if it had one."""
+
+        def write(out: Hashing) -> None:
+            serialize(self.state, self.optimizer, self.scheduler, cast(IO[bytes], out))
+
+        saved = self.store.save_state(self.node_id, self.state.version, write)
+        self.state_version = self.state.version
+        return saved
+
+    def checkpoint(self) -> Written:
+        """Publish the current weights and write the full state beside them."""
+        published = self.publish()
+        if published.written is None:
+            raise CheckpointError(
+                "exists", f"version {self.state.version} is older than the newest stored one: no state there"
+            )
+        self.save_state()
+        return published.written
 
     def restore(self) -> Written | None:
-        """Load the latest checkpoint of this node (weights, optimizer, schedule, RNG, state), if any."""
-        latest = self.store.latest(self.node_id)
-        if latest is None:
+        """Load the newest full state of this node (weights, optimizer, schedule, RNG, state), if any."""
+        loaded = self.store.load_state(self.node_id)
+        if loaded is None:
             return None
-        manifest, directory = read_manifest(latest.manifest_uri, latest.manifest_sha256)
-        if manifest.base_model != self.model_ref:
+        written, data = loaded
+        if written.manifest.base_model != self.model_ref:
             raise CheckpointError(
                 "base_model_mismatch",
-                f"the checkpoints under {self.store.node_dir(self.node_id)} were trained from "
-                f"{manifest.base_model!r}, not {self.model_ref!r}: set the model to {manifest.base_model!r} "
-                "or point the checkpoint root at a fresh directory",
+                f"the checkpoints under {self.store.node_dir(self.node_id).uri()} were trained from "
+                f"{written.manifest.base_model!r}, not {self.model_ref!r}: set the model to "
+                f"{written.manifest.base_model!r} or point the checkpoint root at a fresh location",
             )
-        self.model.load_state_dict(load_weights(manifest, directory), strict=True)
-        self.state = deserialize(
-            load_extra(manifest, directory, TRAINER_STATE), self.optimizer, self.scheduler
-        )
-        log.info("resumed %s at version %d from %s", self.node_id, self.state.version, latest.manifest_uri)
-        return latest
+        self.model.load_state_dict(load_weights(written.manifest, written.directory), strict=True)
+        self.state = deserialize(data, self.optimizer, self.scheduler)
+        self.state_version = self.state.version
+        log.info("resumed %s at version %d from %s", self.node_id, self.state.version, written.manifest_uri)
+        return written
 
     def initialize(self) -> tuple[Written, bool]:
-        """Resume from the latest checkpoint, or write version 0 (the initial weights) so generators
-        have something to load. Returns the checkpoint to announce and whether it was resumed."""
-        for leftover in self.store.node_dir(self.node_id).glob(".tmp-*"):
-            # Half-written versions of a trainer killed mid-write; one trainer owns this directory.
-            shutil.rmtree(leftover, ignore_errors=True)
+        """Resume from the newest full state, or write version 0 (the initial weights) with a state, so
+        generators have something to load. Returns the version to announce and whether it resumed."""
+        self.store.remove_partial(self.node_id)  # what a trainer killed mid-write left behind
         restored = self.restore()
         if restored is not None:
             return restored, True

@@ -1,11 +1,12 @@
-"""The trainer's resumable state and its serialized form, `trainer_state.pt`, stored beside the weights.
+"""The trainer's resumable state and its serialized form, `trainer_state.pt`, stored beside a version.
 
 A checkpoint must hold everything that makes the next step identical to the one an uninterrupted run
 would take: optimizer moments, the schedule's position, RNG states, the policy version, the next input
 offset of every batch partition, the next expected batch sequence and the ledger (version -> batch id)
 that proves no batch was trained twice or skipped. The file is a plain `torch.save` of tensors,
-numbers, strings, lists and dicts, read back with `weights_only=True`: a checkpoint volume shared with
-other processes must not be able to run code in the trainer.
+numbers, strings, lists and dicts, read back with `weights_only=True`: a checkpoint store shared with
+other processes must not be able to run code in the trainer. It is written every `state_every`
+versions and on shutdown (`sapo.checkpoints`); input offsets are committed only with it.
 """
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ from __future__ import annotations
 import io
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 import torch
 
+from sapo.checkpoints import TRAINER_STATE
 from sapo.kafka.records import TopicPartition
 
-TRAINER_STATE = "trainer_state.pt"
 FORMAT = 1
 
 
@@ -65,7 +66,9 @@ def serialize(
     state: TrainerState,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
-) -> bytes:
+    out: IO[bytes],
+) -> None:
+    """Write the state to `out` (streamed: the optimizer state of a large model is never held twice)."""
     payload = {
         "format": FORMAT,
         "version": state.version,
@@ -76,9 +79,7 @@ def serialize(
         "scheduler": scheduler.state_dict(),
         "rng": capture_rng(),
     }
-    buffer = io.BytesIO()
-    torch.save(payload, buffer)
-    return buffer.getvalue()
+    torch.save(payload, out)
 
 
 def deserialize(

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
@@ -26,6 +30,33 @@ from sapo.settings import ConsumerProfile, KafkaConnection
 from sapo.topics import TopicNames, ensure_topics
 from sapo.v1 import rollout_pb2
 from tests.integration.kafka_helpers import consumer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def launch_generator(
+    bootstrap: str, prefix: str, log: Path, settings: dict[str, str], env: Mapping[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """`python -m services.generator.main` on the test broker, configured through `SAPO_GENERATOR_*`
+    (tiny model, fast consumer timing, text logs to `log`, ops server on a free port) plus `settings`."""
+    values = {
+        "TOPIC_PREFIX": prefix,
+        "KAFKA__BOOTSTRAP_SERVERS": bootstrap,
+        "CONSUMER__SESSION_TIMEOUT_MS": "6000",
+        "CONSUMER__HEARTBEAT_INTERVAL_MS": "1000",
+        "CONSUMER__FETCH_WAIT_MAX_MS": "50",
+        "HTTP_HOST": "127.0.0.1",
+        "HTTP_PORT": "0",
+        "LOG_FORMAT": "text",
+        "MODEL": "tiny:0",
+        "POLICY_CATCHUP_IDLE_S": "1",
+    } | settings
+    base = {k: v for k, v in (env or os.environ).items() if not k.startswith("SAPO_GENERATOR_")}
+    base |= {"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    base |= {f"SAPO_GENERATOR_{name}": value for name, value in values.items()}
+    cmd = [sys.executable, "-m", "services.generator.main"]
+    with log.open("wb") as sink:  # a file, not a pipe nobody drains while the test waits
+        return subprocess.Popen(cmd, cwd=ROOT, env=base, stdout=sink, stderr=subprocess.STDOUT)
 
 
 def generator_settings(
@@ -103,12 +134,16 @@ class ThreadedGenerator:
         return self.runtime.registry.get_sample_value(name, labels or {})
 
     def readyz(self) -> tuple[int, str]:
-        url = f"http://127.0.0.1:{self.runtime.ops.port}/readyz"
-        try:
-            with urllib.request.urlopen(url, timeout=5) as resp:
-                return resp.status, resp.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode()
+        return http_get(f"http://127.0.0.1:{self.runtime.ops.port}/readyz")
+
+
+def http_get(url: str) -> tuple[int, str]:
+    """Status and body of a GET (an ops endpoint), errors included."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
 
 
 class GroupCollector:

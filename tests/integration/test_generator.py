@@ -29,6 +29,7 @@ from tests.integration.generator_helpers import (
     announce,
     create_node_topics,
     generator_settings,
+    launch_generator,
     plan_work,
     wait_until,
 )
@@ -54,32 +55,18 @@ def tokenizer() -> PreTrainedTokenizerBase:
 
 
 def _launch(bootstrap: str, prefix: str, node_id: str, node_seed: int, log: Path) -> subprocess.Popen[bytes]:
+    """node-a's real entrypoint in its own process; its log goes to `log`."""
     key_file = log.with_name(f"{node_id}.key")
     write_private(key_file, KEYS[node_id])
-    """`python -m services.generator.main` configured through the environment; its log goes to `log`."""
     settings = {
         "NODE_ID": node_id,
         "NODE_SEED": str(node_seed),
-        "TOPIC_PREFIX": prefix,
-        "KAFKA__BOOTSTRAP_SERVERS": bootstrap,
-        "CONSUMER__SESSION_TIMEOUT_MS": "6000",
-        "CONSUMER__HEARTBEAT_INTERVAL_MS": "1000",
-        "CONSUMER__FETCH_WAIT_MAX_MS": "50",
-        "HTTP_HOST": "127.0.0.1",
-        "HTTP_PORT": "0",
-        "LOG_FORMAT": "text",
-        "MODEL": "tiny:0",
         "COMPLETIONS_PER_QUESTION": "3",
         "MAX_NEW_TOKENS": "6",
         "POLICY_CATCHUP_IDLE_S": "1",
         "IDENTITY__PRIVATE_KEY_FILE": str(key_file),
     }
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SAPO_GENERATOR_")}
-    env |= {"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    env |= {f"SAPO_GENERATOR_{name}": value for name, value in settings.items()}
-    cmd = [sys.executable, "-m", "services.generator.main"]
-    with log.open("wb") as sink:  # a file, not a pipe nobody drains while the test waits
-        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    return launch_generator(bootstrap, prefix, log, settings)
 
 
 def _rederive_elsewhere(groups: list[rollout_pb2.RolloutGroup]) -> list[list[str]]:

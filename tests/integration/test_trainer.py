@@ -13,12 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from sapo.checkpoints import CheckpointStore, load_extra, load_weights, read_manifest
+from sapo.checkpoints import CheckpointStore, load_weights, read_manifest
 from sapo.models import load_bundled_tokenizer
 from sapo.node.trainer import TrainerService
 from sapo.runtime import start_runtime
 from sapo.settings import ConsumerProfile, KafkaConnection
-from sapo.trainer import TRAINER_STATE
 from sapo.trainer.settings import TrainerSettings
 from tests.integration import trainer_support as ts
 from tests.unit.trainer import builders as b
@@ -87,15 +86,20 @@ def test_batches_through_the_broker_raise_rewarded_and_lower_penalised_completio
     assert max(deltas[0.0]) < -1.0, deltas  # and lost by every penalised one
 
 
+@pytest.mark.parametrize("state_every", [1, 3])
 def test_sigkill_mid_step_resumes_from_the_checkpoint_without_training_a_batch_twice(
-    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, state_every: int
 ) -> None:
+    """With a full state every version the restart resumes at the last one; with one every 3 it resumes
+    at version 0, replays batches 0 and 1, and verifies versions 1 and 2 instead of rewriting them."""
     topics = ts.node_topics(kafka_bootstrap, topic_prefix)
     tokenizer = load_bundled_tokenizer()
     batches = ts.make_batches(b.tiny(tokenizer), tokenizer, b.questions(2), count=4)
     ts.publish(kafka_bootstrap, topics.batches, batches)
     store = CheckpointStore(tmp_path)
     env = ts.trainer_env(kafka_bootstrap, topic_prefix, tmp_path)
+    env["SAPO_TRAINER_STATE_EVERY"] = str(state_every)
+    resume_at = 2 if state_every == 1 else 0  # the newest full state when version 2 is out
     command = [sys.executable, "-m", "services.trainer.main"]
 
     logs = [tmp_path / "first.log", tmp_path / "second.log"]
@@ -103,6 +107,7 @@ def test_sigkill_mid_step_resumes_from_the_checkpoint_without_training_a_batch_t
         first = subprocess.Popen(command, env=env, cwd=ts.ROOT, stdout=out, stderr=subprocess.STDOUT)
     try:
         ts.wait_for(lambda: "announced version 2" in logs[0].read_text(), 90, "version 2")
+        ts.wait_for(lambda: store.states(ts.NODE)[-1] == resume_at, 30, f"the state of version {resume_at}")
         time.sleep(0.1)  # the next batch is already fetched: version 3's step is under way
         first.send_signal(signal.SIGKILL)
         first.wait(10)
@@ -110,6 +115,8 @@ def test_sigkill_mid_step_resumes_from_the_checkpoint_without_training_a_batch_t
         first.kill()
     assert first.returncode == -signal.SIGKILL
     assert store.versions(ts.NODE)[-1] == 2, "the kill should land inside the third step"
+    assert store.states(ts.NODE)[-1] == resume_at
+    published = {v: store.stored(ts.NODE, v).manifest_sha256 for v in (1, 2)}
 
     with logs[1].open("w") as out:
         second = subprocess.Popen(command, env=env, cwd=ts.ROOT, stdout=out, stderr=subprocess.STDOUT)
@@ -121,12 +128,16 @@ def test_sigkill_mid_step_resumes_from_the_checkpoint_without_training_a_batch_t
         second.kill()
     log = logs[1].read_text()
     assert second.returncode == 0, log
-    assert "resumed at version 2" in log
+    assert f"resumed at version {resume_at}" in log
+    if state_every == 3:  # the replayed versions matched the published ones byte for byte
+        assert "version 1 verified" in log and "version 2 verified" in log, log
+    assert {v: store.stored(ts.NODE, v).manifest_sha256 for v in (1, 2)} == published
 
-    latest = store.latest(ts.NODE)
-    assert latest is not None
-    manifest, directory = read_manifest(latest.manifest_uri, latest.manifest_sha256)
-    state = torch.load(io.BytesIO(load_extra(manifest, directory, TRAINER_STATE)), weights_only=True)
+    loaded = store.load_state(ts.NODE)
+    assert loaded is not None
+    written, data = loaded
+    assert written.manifest.version == len(batches)  # SIGTERM wrote the state of the last version
+    state = torch.load(io.BytesIO(data), weights_only=True)
     assert [(v, batch_id) for v, batch_id, _, _ in state["ledger"]] == [
         (seq + 1, f"node-a/{seq}") for seq in range(len(batches))
     ]

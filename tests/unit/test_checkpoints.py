@@ -1,55 +1,247 @@
-"""Checkpoint store: atomic versions, digests verified on load, pruning."""
+"""Checkpoint store over a local directory and over a real S3 API (moto on loopback): atomic versions,
+tied weights stored once, digests verified while reading, replays verified, states, pruning."""
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
-from sapo.checkpoints import CheckpointError, CheckpointStore, load_extra, load_weights, read_manifest
+from sapo import storage
+from sapo.checkpoints import (
+    MANIFEST,
+    STATE_RECORD,
+    CheckpointError,
+    CheckpointStore,
+    Written,
+    load_weights,
+    read_manifest,
+)
+from sapo.digests import ALGORITHMS, Hashing
+from sapo.tensorfile import TensorFileError, parse_tensors, write_tensors
 
 pytestmark = pytest.mark.unit
 
 
+@pytest.fixture(params=["file", "s3"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "file":
+        return str(tmp_path / "store")
+    url: str = request.getfixturevalue("s3_url")
+    return url
+
+
 def _state(seed: int) -> dict[str, torch.Tensor]:
+    """A small state dict with a tied pair, as SmolLM2 has (lm_head shares embed_tokens' storage)."""
     gen = torch.Generator().manual_seed(seed)
-    return {"a.weight": torch.randn(4, 3, generator=gen), "b.bias": torch.randn(5, generator=gen)}
+    embed = torch.randn(6, 4, generator=gen)
+    return {
+        "embed.weight": embed,
+        "layer.bias": torch.randn(5, generator=gen).to(torch.bfloat16),
+        "layer.weight": torch.randn(4, 4, generator=gen),
+        "lm_head.weight": embed,
+    }
 
 
-def test_round_trip_with_extras_and_shards(tmp_path: Path) -> None:
-    store = CheckpointStore(tmp_path)
+def _files(written: Written) -> dict[str, bytes]:
+    directory = written.directory
+    names = storage.listdir(directory)
+    return {name: storage.read_bytes(directory / name) for name in names}
+
+
+def _bytes(data: bytes) -> Callable[[Hashing], object]:
+    return lambda out: out.write(data)
+
+
+def _put(written: Written, name: str, data: bytes) -> None:
+    storage.write_file(written.directory, name, lambda out: out.write(data), "sha256")
+
+
+def test_round_trip_stores_tied_weights_once_and_restores_the_tie(store_url: str) -> None:
+    store = CheckpointStore(store_url, shard_bytes=64)
     state = _state(0)
-    written = store.write("n1", 1, state, base_model="tiny:0", extras={"trainer.pt": b"abc"}, shard_bytes=16)
+    published = store.publish("n1", 1, state, base_model="tiny:0", meta={"batch_id": "b"})
+    assert published.outcome == "written" and published.written is not None
+    written = published.written
     manifest, directory = read_manifest(written.manifest_uri, written.manifest_sha256)
-    assert manifest.version == 1
-    assert len(manifest.weights) == 2  # shard limit forces one file per tensor
+    assert manifest == written.manifest and manifest.digest == "xxh3-128"
+    assert manifest.aliases == {"lm_head.weight": "embed.weight"}
+    assert len(manifest.weights) == 3  # the 64-byte shard limit: one tensor per file, the tie not stored
+    assert sum(e.bytes for e in manifest.weights) < 4 * (24 + 16) + 2 * 5 + 3 * 200
+
     loaded = load_weights(manifest, directory)
-    assert all(torch.equal(loaded[k], v) for k, v in state.items())
-    assert load_extra(manifest, directory, "trainer.pt") == b"abc"
-    assert not [p for p in (tmp_path / "n1").iterdir() if p.name.startswith(".tmp")]
+    assert all(torch.equal(loaded[k], v) and loaded[k].dtype == v.dtype for k, v in state.items())
+    assert loaded["lm_head.weight"] is loaded["embed.weight"]
+    assert "lm_head.weight" not in load_weights(manifest, directory, tied=False)
+    assert store.versions("n1") == [1] and store.latest("n1") == written
 
 
-def test_corruption_and_substitution_are_detected(tmp_path: Path) -> None:
-    store = CheckpointStore(tmp_path)
-    written = store.write("n1", 1, _state(0), base_model="tiny:0")
-    with pytest.raises(CheckpointError, match="manifest digest mismatch"):
+def test_files_are_safetensors_the_library_reads_and_writes(tmp_path: Path) -> None:
+    state = {k: v for k, v in _state(1).items() if k != "lm_head.weight"}
+    ours = io.BytesIO()
+    write_tensors(ours, state)
+    (tmp_path / "ours.safetensors").write_bytes(ours.getvalue())
+    theirs = load_file(str(tmp_path / "ours.safetensors"))
+    save_file(state, str(tmp_path / "theirs.safetensors"))
+    parsed = parse_tensors(bytearray((tmp_path / "theirs.safetensors").read_bytes()))
+    for name, tensor in state.items():
+        assert torch.equal(theirs[name], tensor) and torch.equal(parsed[name], tensor)
+    with pytest.raises(TensorFileError):
+        parse_tensors(bytearray(b"\x10" + bytes(7) + b"{not json}....."))
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_every_digest_algorithm_round_trips_and_is_named(tmp_path: Path, algorithm: str) -> None:
+    store = CheckpointStore(tmp_path, digest=algorithm)
+    written = store.publish("n1", 0, _state(2), base_model="tiny:0").written
+    assert written is not None and json.loads(_files(written)[MANIFEST])["digest"] == algorithm
+    assert torch.equal(
+        load_weights(written.manifest, written.directory)["layer.weight"], _state(2)["layer.weight"]
+    )
+
+
+def test_a_format_1_manifest_still_verifies(tmp_path: Path) -> None:
+    """Written as the previous release did: safetensors' own file, sha256 under a `sha256` key."""
+    directory = tmp_path / "n1" / "v00000001"
+    directory.mkdir(parents=True)
+    state = {k: v for k, v in _state(3).items() if k != "lm_head.weight"}
+    save_file(state, str(directory / "model-00001-of-00001.safetensors"))
+    data = (directory / "model-00001-of-00001.safetensors").read_bytes()
+    entry = {"name": "model-00001-of-00001.safetensors", "sha256": hashlib.sha256(data).hexdigest()}
+    body = {"node_id": "n1", "version": 1, "base_model": "tiny:0", "dtype": "float32", "created_at": 0.0}
+    manifest_bytes = json.dumps(body | {"weights": [entry | {"bytes": len(data)}], "meta": {}}).encode()
+    (directory / MANIFEST).write_bytes(manifest_bytes)
+    manifest, location = read_manifest(
+        (directory / MANIFEST).as_uri(), hashlib.sha256(manifest_bytes).hexdigest()
+    )
+    assert manifest.digest == "sha256"
+    assert torch.equal(load_weights(manifest, location)["layer.weight"], state["layer.weight"])
+
+
+def test_corruption_substitution_and_absence_are_told_apart(store_url: str) -> None:
+    store = CheckpointStore(store_url)
+    written = store.publish("n1", 1, _state(0), base_model="tiny:0").written
+    assert written is not None
+    with pytest.raises(CheckpointError, match="manifest digest mismatch") as wrong:
         read_manifest(written.manifest_uri, "0" * 64)
-    manifest, directory = read_manifest(written.manifest_uri, written.manifest_sha256)
-    shard = directory / manifest.weights[0].name
-    data = bytearray(shard.read_bytes())
-    data[-1] ^= 0xFF
-    shard.write_bytes(bytes(data))
-    with pytest.raises(CheckpointError, match="corrupt"):
-        load_weights(manifest, directory)
+    assert wrong.value.reason == "digest_mismatch"
+    shard = written.manifest.weights[0]
+    original = _files(written)[shard.name]
+
+    flipped = bytearray(original)
+    flipped[len(flipped) // 2] ^= 0xFF
+    _put(written, shard.name, bytes(flipped))
+    with pytest.raises(CheckpointError, match="corrupt") as corrupt:
+        load_weights(written.manifest, written.directory)
+    assert corrupt.value.reason == "digest_mismatch"
+
+    _put(written, shard.name, original[:-10])  # not fully visible yet (or torn): transient
+    with pytest.raises(CheckpointError) as short:
+        load_weights(written.manifest, written.directory)
+    assert short.value.reason == "missing"
+
+    written.directory.fs.rm_file((written.directory / shard.name).path)
+    with pytest.raises(CheckpointError) as absent:
+        load_weights(written.manifest, written.directory)
+    assert absent.value.reason == "missing"
+    with pytest.raises(CheckpointError) as no_manifest:
+        read_manifest(written.manifest_uri.replace("v00000001", "v00000009"), written.manifest_sha256)
+    assert no_manifest.value.reason == "missing"
 
 
-def test_keeps_last_k_and_refuses_overwrite(tmp_path: Path) -> None:
-    store = CheckpointStore(tmp_path, keep_last=2)
-    for version in range(1, 5):
-        store.write("n1", version, _state(version), base_model="tiny:0")
-    assert store.versions("n1") == [3, 4]
-    latest = store.latest("n1")
-    assert latest is not None and latest.directory.name == "v00000004"
-    with pytest.raises(CheckpointError, match="already exists"):
-        store.write("n1", 4, _state(9), base_model="tiny:0")
+def test_a_version_without_its_manifest_is_invisible_and_cleaned_up(store_url: str) -> None:
+    store = CheckpointStore(store_url)
+    written = store.publish("n1", 1, _state(0), base_model="tiny:0").written
+    assert written is not None
+    half = store.version_dir("n1", 2)  # a writer killed before the manifest: shards, no manifest
+    storage.write_file(half, "model-00001-of-00001.safetensors", lambda out: out.write(b"x" * 100), "sha256")
+    assert store.versions("n1") == [1]
+    assert store.latest("n1") == written
+    store.remove_partial("n1")
+    assert storage.listdir(store.node_dir("n1")) == ["v00000001"]
+
+
+def test_a_replayed_version_is_verified_not_rewritten_and_a_different_one_is_reported(store_url: str) -> None:
+    store = CheckpointStore(store_url)
+    first = store.publish("n1", 1, _state(0), base_model="tiny:0").written
+    assert first is not None
+    before = _files(first)
+
+    again = store.publish("n1", 1, _state(0), base_model="tiny:0")  # equal tensors, other memory
+    assert again.outcome == "verified" and again.written == first
+    diverged = store.publish("n1", 1, _state(7), base_model="tiny:0")
+    assert diverged.outcome == "diverged" and diverged.written == first
+    assert _files(first) == before  # nothing was rewritten
+
+    store.publish("n1", 3, _state(3), base_model="tiny:0")
+    assert store.publish("n1", 2, _state(2), base_model="tiny:0").outcome == "skipped"
+    assert store.versions("n1") == [1, 3]
+
+
+def test_a_full_state_is_bound_to_its_version_and_resumed_from_the_newest(store_url: str) -> None:
+    store = CheckpointStore(store_url, keep_last=2)
+    assert store.load_state("n1") is None
+    for version in range(5):
+        store.publish("n1", version, _state(version), base_model="tiny:0")
+        if version in (0, 2):
+            assert store.save_state("n1", version, _bytes(b"state %d" % version))
+    assert not store.save_state("n1", 2, lambda out: out.write(b"other"))  # already there
+    # Versions 3 and 4 are the newest two; 2 stays too: it holds the newest state.
+    assert store.versions("n1") == [2, 3, 4] and store.states("n1") == [2]
+    loaded = store.load_state("n1")
+    assert loaded is not None
+    written, data = loaded
+    assert written.manifest.version == 2 and data == b"state 2"
+
+    manifest = json.loads(_files(written)[MANIFEST])
+    manifest["meta"] = {"edited": True}  # other weights' manifest under the state's version
+    _put(written, MANIFEST, json.dumps(manifest).encode())
+    with pytest.raises(CheckpointError, match="other weights"):
+        store.load_state("n1")
+
+
+def test_a_state_is_visible_only_once_its_record_exists(store_url: str) -> None:
+    store = CheckpointStore(store_url)
+    written = store.publish("n1", 0, _state(0), base_model="tiny:0").written
+    assert written is not None
+    storage.write_file(written.directory, "trainer_state.pt", lambda out: out.write(b"partial"), "sha256")
+    assert store.states("n1") == [] and store.load_state("n1") is None
+    store.save_state("n1", 0, lambda out: out.write(b"whole"))
+    assert STATE_RECORD in _files(written)
+    loaded = store.load_state("n1")
+    assert loaded is not None and loaded[1] == b"whole"
+
+
+def test_format_1_checkpoints_are_refused_for_resume_with_what_to_do(tmp_path: Path) -> None:
+    directory = tmp_path / "n1" / "v00000003"
+    directory.mkdir(parents=True)
+    extra = {"name": "trainer_state.pt", "sha256": "0" * 64, "bytes": 1}
+    body = {"node_id": "n1", "version": 3, "base_model": "tiny:0", "dtype": "float32", "created_at": 0.0}
+    (directory / MANIFEST).write_text(json.dumps(body | {"weights": [], "extras": [extra], "meta": {}}))
+    with pytest.raises(CheckpointError, match="fresh location"):
+        CheckpointStore(tmp_path).load_state("n1")
+
+
+def test_bad_settings_fail_at_construction(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="keep_last"):
+        CheckpointStore(tmp_path, keep_last=0)
+    with pytest.raises(ValueError, match="unknown digest"):
+        CheckpointStore(tmp_path, digest="md5")
+
+
+def test_a_version_with_a_torn_manifest_is_rewritten(store_url: str) -> None:
+    """A host crash can leave a renamed version whose (unsynced) manifest is garbage: no reader can use
+    it, so the replay writes it again instead of failing to verify it."""
+    store = CheckpointStore(store_url)
+    written = store.publish("n1", 1, _state(0), base_model="tiny:0").written
+    assert written is not None
+    _put(written, MANIFEST, b"\0" * 100)
+    again = store.publish("n1", 1, _state(0), base_model="tiny:0")
+    assert again.outcome == "written" and again.written is not None
+    assert load_weights(again.written.manifest, again.written.directory)["layer.weight"].shape == (4, 4)

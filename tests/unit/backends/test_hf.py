@@ -129,6 +129,23 @@ def test_reloaded_weights_change_samples_and_version(
     assert backend.generate(prompts, params) == original
 
 
+def test_owned_weights_are_adopted_without_a_copy_and_keep_the_tie(
+    backend: TransformersBackend, prompts: list[list[int]], tokenizer: PreTrainedTokenizerBase
+) -> None:
+    params = SamplingConfig(max_new_tokens=8, num_samples=2, seed=5)
+    state = {k: v.clone() for k, v in build_tiny_model(tokenizer, seed=1).state_dict().items()}
+    del state["lm_head.weight"]  # stored once, as checkpoints do
+    copied = TransformersBackend(build_tiny_model(tokenizer, seed=0), tokenizer)
+    copied.load_weights(state, version=3)
+    backend.load_weights(state, version=3, owned=True)
+
+    embed = backend.model.model.embed_tokens.weight
+    assert embed.data_ptr() == state["model.embed_tokens.weight"].data_ptr()  # adopted
+    assert backend.model.lm_head.weight.data_ptr() == embed.data_ptr()  # still tied
+    assert copied.model.model.embed_tokens.weight.data_ptr() != state["model.embed_tokens.weight"].data_ptr()
+    assert backend.generate(prompts, params) == copied.generate(prompts, params)
+
+
 def test_reload_from_safetensors_directory_without_the_tied_head(
     backend: TransformersBackend, tokenizer: PreTrainedTokenizerBase, tmp_path: Path
 ) -> None:

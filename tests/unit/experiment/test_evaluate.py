@@ -30,9 +30,9 @@ def test_evaluation_is_reproducible_and_bounded() -> None:
 def test_final_policy_is_the_latest_checkpoint(tmp_path: Path) -> None:
     base, _ = load_model(MODEL)
     store = CheckpointStore(tmp_path)
-    store.write("node-a", 0, base.state_dict(), base_model=MODEL)
+    store.publish("node-a", 0, base.state_dict(), base_model=MODEL)
     changed = {name: tensor + 1.0 for name, tensor in base.state_dict().items()}
-    store.write("node-a", 3, changed, base_model=MODEL)
+    store.publish("node-a", 3, changed, base_model=MODEL)
     model, _, version = load_final_policy(MODEL, tmp_path, "node-a")
     assert version == 3
     for name, tensor in model.state_dict().items():

@@ -11,8 +11,10 @@ import torch
 from prometheus_client import CollectorRegistry
 from transformers import PreTrainedTokenizerBase
 
+from sapo import storage
 from sapo.backends import GenerationBackend, Sample, SamplingConfig, WeightsSource
 from sapo.checkpoints import CheckpointStore, Written
+from sapo.generator import ReloadPolicy
 from sapo.generator.settings import GeneratorSettings
 from sapo.generator.work import PacingMode, PacingSettings
 from sapo.kafka import DeadLetters, Publisher, TransportMetrics
@@ -24,6 +26,7 @@ from sapo.node.metrics import GeneratorMetrics
 from sapo.node.planner import WorkPlanner
 from sapo.node.policy import PolicyFollower
 from sapo.ops import Health
+from sapo.storage import Location
 from sapo.topics import TopicNames
 from sapo.v1 import policy_pb2
 from sapo.wire import SCHEMA_VERSION, now_timestamp
@@ -60,7 +63,7 @@ class ScriptedBackend:
         self.calls.append(([tuple(p) for p in prompts], params, self._version))
         return [[self.script(p, j) for j in range(params.num_samples)] for p in prompts]
 
-    def load_weights(self, weights: WeightsSource, version: int) -> None:
+    def load_weights(self, weights: WeightsSource, version: int, *, owned: bool = False) -> None:
         self._version = version
 
 
@@ -94,7 +97,10 @@ class MemoryGenerator:
 
 
 def memory_generator(
-    config: GeneratorSettings, backend: GenerationBackend, bus: MemoryBus | None = None
+    config: GeneratorSettings,
+    backend: GenerationBackend,
+    bus: MemoryBus | None = None,
+    reload: ReloadPolicy | None = None,
 ) -> MemoryGenerator:
     bus = bus or MemoryBus()
     registry = CollectorRegistry()
@@ -114,6 +120,7 @@ def memory_generator(
         stop=stop,
         max_message_bytes=config.max_message_bytes,
         catchup_idle_s=config.policy_catchup_idle_s,
+        reload=reload or config.reload_policy(),
         dead_letters=DeadLetters(publisher, topics.dlq, "generator", transport),
         shapes=model_shapes(backend),
         poll_timeout_s=0.0,
@@ -162,14 +169,29 @@ def policy_update(written: Written, node_id: str, version: int, sha256: str | No
 
 
 def write_checkpoint(
-    root: Path, node_id: str, version: int, state: Mapping[str, torch.Tensor], base_model: str = "tiny:1"
+    root: Path | str,
+    node_id: str,
+    version: int,
+    state: Mapping[str, torch.Tensor],
+    base_model: str = "tiny:1",
 ) -> Written:
-    return CheckpointStore(root, keep_last=10).write(node_id, version, state, base_model=base_model)
+    """Publish `state` as `version` in the store at `root` (a path or URL)."""
+    written = (
+        CheckpointStore(root, keep_last=10).publish(node_id, version, state, base_model=base_model).written
+    )
+    assert written is not None
+    return written
+
+
+def shard_of(written: Written) -> Location:
+    """The first weight file of a version."""
+    return written.directory / written.manifest.weights[0].name
 
 
 def flip_byte(written: Written) -> None:
     """Corrupt the first weight shard after its digest was recorded (bit rot, a torn copy)."""
-    shard = sorted(written.directory.glob("*.safetensors"))[0]
-    data = bytearray(shard.read_bytes())
+    shard = shard_of(written)
+    data = bytearray(storage.read_bytes(shard))
     data[len(data) // 2] ^= 0xFF
-    shard.write_bytes(bytes(data))
+    with shard.fs.open(shard.path, "wb") as out:
+        out.write(bytes(data))

@@ -1,14 +1,19 @@
-"""Weight hot-reload: verified checkpoints swap in; corrupt, missing or misfit ones are rejected."""
+"""Weight hot-reload: verified checkpoints swap in; corrupt or misfit ones are rejected; ones not visible
+yet are retried with backoff, given up after a bound, and a generator stuck behind stops being live."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from sapo import storage
 from sapo.backends import TransformersBackend
+from sapo.generator import ReloadPolicy
 from sapo.models import build_tiny_model, parse_tiny_ref
 from sapo.v1 import policy_pb2
 from tests.unit.generator.harness import (
@@ -17,11 +22,14 @@ from tests.unit.generator.harness import (
     memory_generator,
     policy_update,
     settings,
+    shard_of,
     write_checkpoint,
 )
 
 pytestmark = pytest.mark.unit
 FAILURES = "sapo_generator_weight_load_failures_total"
+RETRIES = "sapo_generator_weight_load_retries_total"
+FAST = ReloadPolicy(initial_s=0.02, max_s=0.05, give_up_s=0.3, max_behind_s=0.6)
 
 
 def _state(tokenizer: PreTrainedTokenizerBase, ref: str) -> dict[str, torch.Tensor]:
@@ -32,7 +40,7 @@ def _state(tokenizer: PreTrainedTokenizerBase, ref: str) -> dict[str, torch.Tens
 @pytest.fixture
 def gen(tokenizer: PreTrainedTokenizerBase) -> MemoryGenerator:
     backend = TransformersBackend(build_tiny_model(tokenizer, seed=0), tokenizer)
-    gen = memory_generator(settings(), backend)
+    gen = memory_generator(settings(), backend, reload=FAST)
     gen.follower.open()
     assert gen.follower.catch_up()
     return gen
@@ -78,12 +86,12 @@ def test_only_the_newest_of_a_burst_is_loaded(
     assert gen.follower.loaded == 3
     assert gen.metric("sapo_generator_weight_load_seconds_count") == 1
     # An older announcement (a trainer restarted from an old checkpoint) does not roll weights back.
-    written = write_checkpoint(tmp_path, "node-a", 0, _state(tokenizer, "tiny:5"))
+    written = write_checkpoint(tmp_path / "old", "node-a", 0, _state(tokenizer, "tiny:5"))
     _announce(gen, policy_update(written, "node-a", 0))
     assert gen.follower.loaded == 3
 
 
-@pytest.mark.parametrize("fault", ["flipped_byte", "wrong_sha256", "missing_shard", "other_shape"])
+@pytest.mark.parametrize("fault", ["flipped_byte", "wrong_sha256", "other_shape"])
 def test_a_bad_version_is_rejected_and_the_old_weights_stay(
     gen: MemoryGenerator, tokenizer: PreTrainedTokenizerBase, tmp_path: Path, fault: str
 ) -> None:
@@ -93,12 +101,11 @@ def test_a_bad_version_is_rejected_and_the_old_weights_stay(
     sha = "0" * 64 if fault == "wrong_sha256" else None
     if fault == "flipped_byte":
         flip_byte(written)
-    if fault == "missing_shard":
-        next(written.directory.glob("*.safetensors")).unlink()
     _announce(gen, policy_update(written, "node-a", 1, sha256=sha))
 
-    reason = {"missing_shard": "missing", "other_shape": "incompatible"}.get(fault, "digest_mismatch")
+    reason = "incompatible" if fault == "other_shape" else "digest_mismatch"
     assert gen.metric(FAILURES, {"reason": reason}) == 1
+    assert gen.metric(RETRIES, {"reason": "missing"}) == 0  # permanent: not retried
     assert gen.follower.loaded == 0 and gen.follower.announced == 1
     assert torch.equal(_weights(gen), before)
     assert gen.metric("sapo_generator_policy_version") == 0
@@ -120,3 +127,66 @@ def test_invalid_or_foreign_updates_are_dead_lettered(gen: MemoryGenerator, tmp_
     assert dead == [b"incomplete_policy_update", b"foreign_node", b"undecodable"]
     assert gen.follower.loaded == gen.follower.announced == 0
     assert gen.health.failing() == []
+
+
+def _poll_until(gen: MemoryGenerator, condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+        gen.follower.poll(0.0)
+
+
+def test_a_shard_not_visible_yet_is_retried_with_backoff_and_then_loaded(
+    gen: MemoryGenerator, tokenizer: PreTrainedTokenizerBase, tmp_path: Path
+) -> None:
+    state = _state(tokenizer, "tiny:1")
+    written = write_checkpoint(tmp_path, "node-a", 1, state)
+    shard = shard_of(written)
+    data = storage.read_bytes(shard)
+    shard.fs.rm_file(shard.path)  # announced before the shard is visible (NFS attribute cache, S3 replica)
+    _announce(gen, policy_update(written, "node-a", 1))
+    assert gen.metric(RETRIES, {"reason": "missing"}) == 1
+    assert gen.follower.loaded == 0 and gen.health.failing() == ["weights_ok"]  # behind: not ready
+    assert gen.health.alive()
+
+    shard.fs.pipe_file(shard.path, data)
+    _poll_until(gen, lambda: gen.follower.loaded == 1)
+    assert torch.equal(_weights(gen), state["model.layers.0.mlp.up_proj.weight"])
+    assert gen.metric(FAILURES, {"reason": "missing"}) == 0
+    assert gen.health.failing() == [] and gen.health.alive()
+
+
+def test_a_version_that_stays_missing_is_given_up_and_a_stuck_generator_is_not_live(
+    gen: MemoryGenerator, tokenizer: PreTrainedTokenizerBase, tmp_path: Path
+) -> None:
+    written = write_checkpoint(tmp_path, "node-a", 1, _state(tokenizer, "tiny:1"))
+    manifest = written.directory / "manifest.json"
+    manifest.fs.rm_file(manifest.path)
+    _announce(gen, policy_update(written, "node-a", 1))
+    _poll_until(gen, lambda: gen.metric(FAILURES, {"reason": "missing"}) == 1)
+    retries = gen.metric(RETRIES, {"reason": "missing"})
+    assert retries is not None and 2 <= retries < 30  # backoff: doubling waits, bounded in time
+    _poll_until(gen, lambda: not gen.health.alive())  # behind for longer than max_behind_s
+    assert gen.metric(RETRIES, {"reason": "missing"}) == retries  # given up: no retry storm
+    assert gen.health.failing() == ["weights_ok"]
+
+    good = write_checkpoint(tmp_path / "good", "node-a", 2, _state(tokenizer, "tiny:2"))
+    _announce(gen, policy_update(good, "node-a", 2))
+    assert gen.follower.loaded == 2
+    assert gen.health.failing() == [] and gen.health.alive()
+
+
+def test_a_newer_version_supersedes_one_being_retried(
+    gen: MemoryGenerator, tokenizer: PreTrainedTokenizerBase, tmp_path: Path
+) -> None:
+    stuck = write_checkpoint(tmp_path, "node-a", 1, _state(tokenizer, "tiny:1"))
+    shard = shard_of(stuck)
+    shard.fs.rm_file(shard.path)
+    _announce(gen, policy_update(stuck, "node-a", 1))
+    newer = write_checkpoint(tmp_path / "newer", "node-a", 2, _state(tokenizer, "tiny:2"))
+    _announce(gen, policy_update(newer, "node-a", 2))
+    assert gen.follower.loaded == 2 and gen.health.failing() == []
+    time.sleep(0.1)
+    gen.follower.poll(0.0)
+    assert gen.metric(RETRIES, {"reason": "missing"}) == 1  # v1 is not tried again

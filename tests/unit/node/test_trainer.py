@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from prometheus_client import CollectorRegistry
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -124,28 +125,64 @@ def test_restart_resumes_at_the_checkpoint_offsets_and_skips_replayed_batches(
     assert [u.version for u in _updates(bus)] == [0, 1, 1, 2]  # a restart re-announces what it has
 
 
-def test_checkpoint_every_k_commits_only_with_the_checkpoint(
+def test_weights_are_published_every_k_and_offsets_committed_only_with_the_full_state(tmp_path: Path) -> None:
+    bus = MemoryBus()
+    for seq in range(5):
+        _publish(bus, b.training_batch(seq, []))
+    service, registry = _service(bus, tmp_path, checkpoint_every=2, state_every=4)
+    service.start()
+    committed = ("node-a.trainer", (TOPICS.batches, 0))
+    service.loop.open()
+    service.loop.step(0)
+    assert bus.committed.get(committed) is None and [u.version for u in _updates(bus)] == [0]
+    service.loop.step(0)  # version 2: published and announced, but no state yet, so no commit
+    assert bus.committed.get(committed) is None and [u.version for u in _updates(bus)] == [0, 2]
+    service.loop.step(0)
+    service.loop.step(0)  # version 4: published, and the state is due
+    assert bus.committed[committed] == 4 and [u.version for u in _updates(bus)] == [0, 2, 4]
+    service.loop.step(0)  # version 5 is held ...
+    service.loop.step(0)  # ... and published once the loop goes idle, still without a commit
+    assert bus.committed[committed] == 4 and [u.version for u in _updates(bus)] == [0, 2, 4, 5]
+    service.run(idle_timeout_s=0.0)  # stopping writes the state: now the offset is committed
+    assert bus.committed[committed] == 5
+    store = service.trainer.store
+    assert store.versions("node-a") == [2, 4, 5] and store.states("node-a") == [4, 5]
+    assert registry.get_sample_value("sapo_trainer_state_seconds_count") == 2  # version 0's came first
+
+
+def test_a_crash_replays_from_the_full_state_and_verifies_the_versions_it_republishes(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     questions: list[question_pb2.Question],
     tmp_path: Path,
 ) -> None:
     bus = MemoryBus()
-    for seq in range(3):
-        _publish(bus, b.training_batch(seq, []))
-    service, _ = _service(bus, tmp_path, checkpoint_every=2)
-    service.start()
-    committed = ("node-a.trainer", (TOPICS.batches, 0))
-    service.loop.open()
-    service.loop.step(0)
-    assert bus.committed.get(committed) is None and [u.version for u in _updates(bus)] == [0]
-    service.loop.step(0)
-    assert bus.committed[committed] == 2 and [u.version for u in _updates(bus)] == [0, 2]
-    service.loop.step(0)  # version 3 is held ...
-    assert bus.committed[committed] == 2
-    service.loop.step(0)  # ... until the loop goes idle
-    assert bus.committed[committed] == 3 and [u.version for u in _updates(bus)] == [0, 2, 3]
-    assert service.trainer.store.versions("node-a") == [0, 2, 3]
+    for seq in range(4):
+        _publish(bus, _batch(model, tokenizer, questions[seq % 2], seq))
+    first, _ = _service(bus, tmp_path, state_every=3, keep_last=10)
+    first.start()
+    first.loop.open()
+    for _ in range(4):
+        first.loop.step(0)
+    store = first.trainer.store
+    assert store.versions("node-a") == [0, 1, 2, 3, 4] and store.states("node-a") == [0, 3]
+    published = store.stored("node-a", 4)
+    del first  # killed: version 4 was published, its state never written, offset 3 committed
+
+    restarted, registry = _service(bus, tmp_path, state_every=3, keep_last=10)
+    restarted.start()
+    assert restarted.trainer.version == 3
+    restarted.run(idle_timeout_s=0.0)
+
+    assert [e.batch_id for e in restarted.trainer.state.ledger] == [f"node-a/{s}" for s in range(4)]
+    assert registry.get_sample_value("sapo_trainer_versions_published_total", {"outcome": "verified"}) == 1
+    assert registry.get_sample_value("sapo_trainer_versions_published_total", {"outcome": "written"}) == 0
+    assert store.latest("node-a") == published  # the same manifest, not rewritten
+    stored = load_weights(published.manifest, published.directory)
+    assert all(torch.equal(stored[k], v) for k, v in restarted.trainer.model.state_dict().items())
+    # The restart announced the newest stored version (4) at once, and nothing older after it.
+    assert [u.version for u in _updates(bus)] == [0, 1, 2, 3, 4, 4]
+    assert store.states("node-a") == [0, 3, 4]
 
 
 def test_bad_batches_are_dead_lettered_and_training_goes_on(tmp_path: Path) -> None:

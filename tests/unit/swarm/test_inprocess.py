@@ -8,7 +8,6 @@ answer: rewards then depend on what the model sampled, most groups carry signal,
 
 from __future__ import annotations
 
-import hashlib
 import io
 from collections.abc import Sequence
 from pathlib import Path
@@ -77,7 +76,7 @@ class RightWhenEven:
     def model_version(self) -> int:
         return self.inner.model_version
 
-    def load_weights(self, weights: WeightsSource, version: int) -> None:
+    def load_weights(self, weights: WeightsSource, version: int, *, owned: bool = False) -> None:
         raise AssertionError("the in-process swarm never reloads weights")
 
     def generate(
@@ -188,10 +187,10 @@ def test_final_checkpoints_load_and_differ_from_the_initial_weights(
         assert store.versions(node) == [0, ROUNDS]
         final = store.latest(node)  # what an evaluation loads, in either mode
         assert final is not None
-        initial = store.node_dir(node) / "v00000000" / "manifest.json"
+        initial = store.stored(node, 0)
         weights = []
         for uri, sha in (
-            (initial.resolve().as_uri(), hashlib.sha256(initial.read_bytes()).hexdigest()),
+            (initial.manifest_uri, initial.manifest_sha256),
             (final.manifest_uri, final.manifest_sha256),
         ):
             loaded, directory = read_manifest(uri, sha)
@@ -242,7 +241,7 @@ def test_settings_are_the_services_own(tmp_path: Path, monkeypatch: pytest.Monke
     assert (s.generator.node_id, s.generator.node_seed, s.trainer.questions_per_round) == ("node-a", 1, B)
     assert s.sampler.expected_peers == 1  # node-b; node-c shares nothing
     assert s.sampler.max_per_source == 1
-    assert s.trainer.checkpoint_root == tmp_path / "checkpoints"
+    assert s.trainer.checkpoint_root == str(tmp_path / "checkpoints")
     monkeypatch.setenv("SAPO_SAMPLER_MAX_PER_SOURSE", "1")
     with pytest.raises(ConfigError, match="unknown setting"):
         resolve(m, m.nodes[0], tmp_path / "checkpoints")

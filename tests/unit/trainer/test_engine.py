@@ -135,6 +135,30 @@ def test_resume_from_a_checkpoint_continues_exactly(
     assert [e.batch_id for e in resumed.state.ledger] == ["node-a/0", "node-a/1"]
 
 
+def test_a_replayed_version_is_verified_and_a_divergent_replay_keeps_the_stored_weights(
+    tokenizer: PreTrainedTokenizerBase, questions: list[question_pb2.Question], tmp_path: Path
+) -> None:
+    batch = _batches(b.tiny(tokenizer, 0), tokenizer, questions)[0]
+    first = _trainer(b.tiny(tokenizer, 0), tokenizer, tmp_path)
+    first.initialize()  # version 0 with a full state
+    first.apply(batch)
+    assert first.publish().outcome == "written"  # version 1, weights only
+    stored = {k: v.clone() for k, v in first.model.state_dict().items()}
+
+    replay = _trainer(b.tiny(tokenizer, 9), tokenizer, tmp_path)
+    replay.initialize()  # resumes from version 0's state, as after a crash
+    replay.apply(batch)
+    assert replay.publish().outcome == "verified"  # deterministic: the same bytes, nothing rewritten
+
+    drifted = _trainer(b.tiny(tokenizer, 9), tokenizer, tmp_path)
+    drifted.initialize()
+    drifted.apply(batch)
+    with torch.no_grad():
+        next(drifted.model.parameters()).add_(1e-3)  # what a non-deterministic kernel could leave
+    assert drifted.publish().outcome == "diverged"
+    assert all(torch.equal(stored[k], v) for k, v in drifted.model.state_dict().items())
+
+
 def test_restore_refuses_checkpoints_of_another_base_model(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tmp_path: Path
 ) -> None:
