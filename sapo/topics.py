@@ -92,11 +92,12 @@ class TopicNames:
     dlq: str
     swarm_keys: str
     work: str
+    leases: str
 
     def __post_init__(self) -> None:
         validate_node_id(self.node_id)
         names = (self.swarm_rollouts, self.rollouts, self.batches, self.policy, self.dlq, self.swarm_keys)
-        for name in (*names, self.work):
+        for name in (*names, self.work, self.leases):
             validate_topic_name(name)
 
     @classmethod
@@ -117,19 +118,21 @@ class TopicNames:
             dlq=f"{node}.dlq",
             swarm_keys=f"{prefix}.swarm.keys",
             work=f"{node}.work",
+            leases=f"{node}.leases",
         )
 
     def specs(
         self, partitions: int = 1, replication_factor: int = 1, work_partitions: int = WORK_PARTITIONS
     ) -> list[TopicSpec]:
-        """Specs for all seven topics; `partitions` applies to the swarm, rollout and DLQ topics.
+        """Specs for all eight topics; `partitions` applies to the swarm, rollout and DLQ topics.
 
         The batch and policy topics always have one partition: a node's batches are its optimizer
         steps, trained in sequence order, and the policy topic carries one key (the node id) whose
         versions generators need in order. The keys topic (signed key announcements,
         `sapo.identity`) is compacted with one partition too: a rotation must be read after the
-        admission it builds on. The work topic has `work_partitions`, as many as the most generator
-        replicas of the node.
+        admission it builds on. The leases topic (`sapo.node.lease`) is compacted with one partition:
+        its offsets are the writers' epochs. The work topic has `work_partitions`, as many as the most
+        generator replicas of the node.
         """
         rf = replication_factor
         return [
@@ -140,6 +143,7 @@ class TopicNames:
             TopicSpec(self.dlq, partitions, rf),
             TopicSpec(self.swarm_keys, 1, rf, dict(COMPACT)),
             TopicSpec(self.work, work_partitions, rf),
+            TopicSpec(self.leases, 1, rf, dict(COMPACT)),
         ]
 
 

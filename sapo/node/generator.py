@@ -111,6 +111,7 @@ class GeneratorService:
             on_assign=self._assigned,
             on_revoke=self._revoked,
             poll_timeout_s=0.0,
+            max_payload_bytes=settings.max_payload_bytes,
         )
         self.generated = 0
         """Groups generated and acknowledged by the broker since start."""
@@ -136,7 +137,7 @@ class GeneratorService:
             transport=runtime.transport,
             health=runtime.health,
             stop=runtime.stop,
-            max_message_bytes=settings.max_message_bytes,
+            max_payload_bytes=settings.max_payload_bytes,
             catchup_idle_s=settings.policy_catchup_idle_s,
             reload=settings.reload_policy(),
             dead_letters=runtime.dead_letters,
@@ -246,7 +247,7 @@ class GeneratorService:
                 break
 
     def _hold(self, record: Record) -> Disposition:
-        message = decode(work_pb2.WorkItem, record.value, self._settings.max_message_bytes)
+        message = decode(work_pb2.WorkItem, record.value, self._settings.max_payload_bytes)
         problem = validate_work_item(message)
         if problem is not None:
             raise InvalidMessageError(problem)

@@ -118,7 +118,7 @@ def memory_generator(
         transport=transport,
         health=health,
         stop=stop,
-        max_message_bytes=config.max_message_bytes,
+        max_payload_bytes=config.max_payload_bytes,
         catchup_idle_s=config.policy_catchup_idle_s,
         reload=reload or config.reload_policy(),
         dead_letters=DeadLetters(publisher, topics.dlq, "generator", transport),
@@ -156,7 +156,9 @@ def plan(
     planner.plan(version)
 
 
-def policy_update(written: Written, node_id: str, version: int, sha256: str | None = None) -> bytes:
+def policy_update(
+    written: Written, node_id: str, version: int, sha256: str | None = None, epoch: int = 0
+) -> bytes:
     """The serialized PolicyUpdate a trainer would announce for `written` (optionally a wrong digest)."""
     return policy_pb2.PolicyUpdate(
         schema_version=SCHEMA_VERSION,
@@ -165,6 +167,7 @@ def policy_update(written: Written, node_id: str, version: int, sha256: str | No
         manifest_uri=written.manifest_uri,
         manifest_sha256=sha256 or written.manifest_sha256,
         created_at=now_timestamp(),
+        epoch=epoch,
     ).SerializeToString()
 
 
