@@ -103,7 +103,7 @@ def measure(groups: list[rollout_pb2.RolloutGroup], signers: list[Signer], round
         sender = store.identify(headers, value, now) if verify else Sender(headers[H_NODE].decode())
         if not isinstance(sender, Sender):
             raise AssertionError(f"an honest group was refused: {sender}")
-        return screen.check(parse(value, cfg.max_message_bytes, headers), "external", now, 0, sender)
+        return screen.check(parse(value, cfg.max_payload_bytes, headers), "external", now, 0, sender)
 
     def arrival(verify: bool) -> float:
         screen = Screen(cfg, SeenGroups(1_000_000))  # fresh dedupe state per pass

@@ -1,8 +1,8 @@
 """Checkpoint publish -> generator serving the new weights, bundled 135M model, `file://` and `s3://`.
 
-Generators run their real wiring (runtime, policy follower, core; embedded broker) in threads of this
-process, in lock-step with one question, two completions and one new token per round, so after each
-round they sit waiting for the next policy version, as lock-step nodes do while their trainer steps.
+Generators run their real wiring (runtime, policy follower, work consumer; embedded broker) in threads
+of this process with no work planned, so they sit waiting for the next policy version, as lock-step
+replicas do while their trainer steps.
 For each version: write it with `CheckpointStore.publish` (timed: the trainer's cost), start the clock,
 announce the PolicyUpdate (acknowledged), stop it when the backend reports the new version (first
 replica, and every replica). The store is a local directory (`file://`) or a bucket of moto's S3 server
@@ -107,7 +107,6 @@ def generators(bootstrap: str, node: str, replicas: int) -> Iterator[list[tuple[
         log_format="text",
         log_level="WARNING",
         model=BUNDLED_REF,
-        questions_per_round=1,
         completions_per_question=2,
         max_new_tokens=1,
         policy_catchup_idle_s=1.0,
@@ -156,9 +155,10 @@ def load_seconds(runtime: Runtime) -> float:
     return runtime.registry.get_sample_value("sapo_generator_weight_load_seconds_sum") or 0.0
 
 
-def wait_rounds(running: Sequence[tuple[Runtime, GeneratorService]], round_: int) -> None:
+def wait_idle(running: Sequence[tuple[Runtime, GeneratorService]]) -> None:
+    """Every replica has caught up with the policy topic and waits on its work consumer."""
     for _, core in running:
-        wait(lambda core=core: core.round, round_, f"round {round_ - 1}")  # type: ignore[misc]
+        wait(lambda core=core: int(core.work.opened), 1, "the generator's start")  # type: ignore[misc]
 
 
 def measure(bootstrap: str, url: str, replicas: int, repeats: int, base: Baseline) -> Timings:
@@ -171,8 +171,8 @@ def measure(bootstrap: str, url: str, replicas: int, repeats: int, base: Baselin
     with generators(bootstrap, node, replicas) as running:
         topic = running[0][0].topics.policy
         backends = [core.backend for _, core in running]
+        wait_idle(running)
         for version in range(1, repeats + 1):
-            wait_rounds(running, version)  # every replica now waits for this version
             started = time.perf_counter()
             written = store.publish(node, version, base.state, base_model=BUNDLED_REF).written
             assert written is not None
@@ -185,7 +185,6 @@ def measure(bootstrap: str, url: str, replicas: int, repeats: int, base: Baselin
             wait(lambda: min(b.model_version for b in backends), version, f"every load of v{version}")
             timings.every.append(time.perf_counter() - started)
             timings.load.append(load_seconds(running[0][0]) - loaded_before)
-            wait_rounds(running, version + 1)  # idle again: a fair baseline
             timings.bare.append(bare_local(base.model, base.file))
             if not written.directory.local:
                 timings.bare_store.append(bare_store(base.model, written))

@@ -27,7 +27,15 @@ from sapo.identity import cli as keys_cli
 from sapo.inspect import cli as inspect_cli
 from sapo.kafka import KafkaPublisher
 from sapo.settings import ConfigError
-from sapo.topics import DEFAULT_PREFIX, TopicError, TopicNames, TopicSpec, ensure_topics, validate_node_id
+from sapo.topics import (
+    DEFAULT_PREFIX,
+    WORK_PARTITIONS,
+    TopicError,
+    TopicNames,
+    TopicSpec,
+    ensure_topics,
+    validate_node_id,
+)
 
 log = logging.getLogger("sapo.cli")
 
@@ -101,7 +109,15 @@ def _add_topics_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--node", dest="nodes", action="append", type=_node_id, required=True, help="node id (repeatable)"
     )
-    parser.add_argument("--partitions", type=_positive_int, default=1, help="partitions per topic")
+    parser.add_argument(
+        "--partitions", type=_positive_int, default=1, help="partitions of the swarm, rollout and DLQ topics"
+    )
+    parser.add_argument(
+        "--work-partitions",
+        type=_positive_int,
+        default=WORK_PARTITIONS,
+        help="partitions of each work topic: the most generator replicas per node (default: %(default)s)",
+    )
     parser.add_argument("--replication-factor", type=_positive_int, default=1, help="replicas per partition")
     parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="topic name prefix (default: %(default)s)")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the cluster")
@@ -113,7 +129,7 @@ def _run_topics(args: argparse.Namespace) -> int:
         specs: list[TopicSpec] = []
         for node in args.nodes:
             names = TopicNames.for_node(node, prefix=args.prefix)
-            specs += names.specs(partitions=args.partitions, replication_factor=args.replication_factor)
+            specs += names.specs(args.partitions, args.replication_factor, args.work_partitions)
         created = set(ensure_topics({"bootstrap.servers": args.bootstrap}, specs, timeout_s=args.timeout))
     except (ValueError, TopicError) as exc:
         log.error("%s", exc)

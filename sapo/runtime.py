@@ -105,11 +105,12 @@ def start_runtime(service: str, settings: ServiceSettings, *, install_signals: b
         tmp = settings.http_port_file.with_suffix(".tmp")
         tmp.write_text(str(ops.port))
         tmp.rename(settings.http_port_file)
-    publisher = KafkaPublisher(settings.kafka.to_librdkafka(), transport)
+    limit = settings.max_message_bytes
+    publisher = KafkaPublisher(settings.kafka.to_librdkafka(), transport, max_message_bytes=limit)
     swarm_publisher = (
         publisher
         if settings.swarm_kafka is None
-        else KafkaPublisher(settings.swarm_connection.to_librdkafka(), transport)
+        else KafkaPublisher(settings.swarm_connection.to_librdkafka(), transport, max_message_bytes=limit)
     )
     topics = TopicNames.for_node(settings.node_id, settings.topic_prefix)
     return Runtime(

@@ -137,6 +137,25 @@ class RoundSettings(BaseModel):
     )
 
 
+class LeaseSettings(BaseModel):
+    """The single-writer lease of a sampler or trainer (`sapo.node.lease`), declared once for both."""
+
+    lease_ttl_s: float = Field(
+        30.0,
+        ge=3.0,
+        le=3600.0,
+        description="A lease not renewed for this long may be taken by a standby (renewed every third of "
+        "it); also how long a standby waits after a holder dies without releasing.",
+    )
+    lease_read_idle_s: float = Field(
+        2.0,
+        ge=0.05,
+        le=120.0,
+        description="The leases topic counts as read once nothing arrived for this long (longer than a "
+        "fetch wait; the embedded broker's high watermark is not trusted).",
+    )
+
+
 class LogFormat(StrEnum):
     JSON = "json"
     TEXT = "text"
@@ -162,7 +181,18 @@ class ServiceSettings(BaseSettings):
     log_level: str = Field("INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$", description="Log level.")
     log_format: LogFormat = Field(LogFormat.JSON, description="json for clusters, text for terminals.")
     max_message_bytes: int = Field(
-        8 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024, description="Larger payloads are dead-lettered."
+        1024 * 1024,
+        ge=64 * 1024,
+        le=256 * 1024 * 1024,
+        description="Largest Kafka message this service produces: the brokers' and topics' limit (Apache "
+        "Kafka's default ~1 MB). Larger payloads go out in chunks that consumers reassemble.",
+    )
+    max_payload_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=1024,
+        le=4 * 1024 * 1024 * 1024,
+        description="Largest payload (a group, a batch, after reassembly) this service accepts; larger "
+        "ones are counted and dead-lettered. Bounds memory against a hostile or broken peer.",
     )
     identity: IdentitySettings = Field(
         default_factory=IdentitySettings,

@@ -32,6 +32,9 @@ PREFIX_RE: Final = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 TOPIC_NAME_RE: Final = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 #: The policy topic keeps only the latest PolicyUpdate per node id; the keys topic the last word on a key.
 COMPACT: Final[Mapping[str, str]] = MappingProxyType({"cleanup.policy": "compact"})
+WORK_PARTITIONS: Final = 8
+"""Default partitions of a node's work topic: the most generator replicas that share its work (a
+replica without a partition idles). Create the topic with more to run more replicas."""
 
 
 class TopicError(RuntimeError):
@@ -88,11 +91,13 @@ class TopicNames:
     policy: str
     dlq: str
     swarm_keys: str
+    work: str
+    leases: str
 
     def __post_init__(self) -> None:
         validate_node_id(self.node_id)
         names = (self.swarm_rollouts, self.rollouts, self.batches, self.policy, self.dlq, self.swarm_keys)
-        for name in names:
+        for name in (*names, self.work, self.leases):
             validate_topic_name(name)
 
     @classmethod
@@ -112,24 +117,33 @@ class TopicNames:
             policy=f"{node}.policy",
             dlq=f"{node}.dlq",
             swarm_keys=f"{prefix}.swarm.keys",
+            work=f"{node}.work",
+            leases=f"{node}.leases",
         )
 
-    def specs(self, partitions: int = 1, replication_factor: int = 1) -> list[TopicSpec]:
-        """Specs for all six topics.
+    def specs(
+        self, partitions: int = 1, replication_factor: int = 1, work_partitions: int = WORK_PARTITIONS
+    ) -> list[TopicSpec]:
+        """Specs for all eight topics; `partitions` applies to the swarm, rollout and DLQ topics.
 
-        The policy topic always has one partition: it carries a single key (the node id) and
-        generators need its versions in order, so more partitions would only stay empty. The keys
-        topic (signed key announcements, `sapo.identity`) is compacted with one partition too: a
-        rotation must be read after the admission it builds on.
+        The batch and policy topics always have one partition: a node's batches are its optimizer
+        steps, trained in sequence order, and the policy topic carries one key (the node id) whose
+        versions generators need in order. The keys topic (signed key announcements,
+        `sapo.identity`) is compacted with one partition too: a rotation must be read after the
+        admission it builds on. The leases topic (`sapo.node.lease`) is compacted with one partition:
+        its offsets are the writers' epochs. The work topic has `work_partitions`, as many as the most
+        generator replicas of the node.
         """
         rf = replication_factor
         return [
             TopicSpec(self.swarm_rollouts, partitions, rf),
             TopicSpec(self.rollouts, partitions, rf),
-            TopicSpec(self.batches, partitions, rf),
+            TopicSpec(self.batches, 1, rf),
             TopicSpec(self.policy, 1, rf, dict(COMPACT)),
             TopicSpec(self.dlq, partitions, rf),
             TopicSpec(self.swarm_keys, 1, rf, dict(COMPACT)),
+            TopicSpec(self.work, work_partitions, rf),
+            TopicSpec(self.leases, 1, rf, dict(COMPACT)),
         ]
 
 

@@ -16,7 +16,7 @@ from typing import Protocol, TypeVar
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from sapo.v1 import batch_pb2, policy_pb2, rollout_pb2
+from sapo.v1 import batch_pb2, policy_pb2, rollout_pb2, work_pb2
 
 SCHEMA_VERSION = 1
 
@@ -144,6 +144,14 @@ def validate_batch(batch: batch_pb2.TrainingBatch) -> str | None:
 def validate_policy_update(update: policy_pb2.PolicyUpdate) -> str | None:
     if not update.node_id or not update.manifest_uri or len(update.manifest_sha256) != 64:
         return "incomplete_policy_update"
+    return None
+
+
+def validate_work_item(item: work_pb2.WorkItem) -> str | None:
+    if not item.node_id:
+        return "missing_node_id"
+    if item.HasField("max_policy_version") and item.max_policy_version < item.min_policy_version:
+        return "empty_version_range"
     return None
 
 

@@ -1,6 +1,14 @@
 """Sampling backends: the interface, the transformers (CPU) backend and the vLLM (GPU) adapter."""
 
-from sapo.backends.base import FinishReason, GenerationBackend, Sample, SamplingConfig, WeightsSource
+from sapo.backends.base import (
+    FinishReason,
+    GenerationBackend,
+    Sample,
+    SamplingConfig,
+    WeightsSource,
+    derive_seed,
+    sample_seed,
+)
 from sapo.backends.hf import TransformersBackend
 from sapo.backends.vllm import VLLMBackend
 
@@ -12,4 +20,6 @@ __all__ = [
     "TransformersBackend",
     "VLLMBackend",
     "WeightsSource",
+    "derive_seed",
+    "sample_seed",
 ]

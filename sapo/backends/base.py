@@ -14,6 +14,7 @@ distribution keeps the importance ratio exactly 1 for an unchanged policy. With 
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -70,7 +71,8 @@ class Sample:
 class SamplingConfig:
     """How to sample one batch (mirrors ``sapo.v1.SamplingParams`` plus the group size L).
 
-    ``seed`` makes a batch reproducible for a given backend, batch and weights (``None``: not reseeded).
+    ``seed`` makes a batch reproducible (``None``: not reseeded): prompt i is sampled with seed
+    ``derive_seed(seed, i)`` unless the caller gives every prompt its own seed (``generate(seeds=)``).
     ``stop`` strings end a completion early; they are matched on the generated text only and kept in it.
     """
 
@@ -100,6 +102,28 @@ class SamplingConfig:
             raise ValueError("stop strings must be non-empty")
 
 
+def derive_seed(seed: int, index: int) -> int:
+    """Independent 63-bit seed number ``index`` under ``seed``."""
+    digest = hashlib.sha256(f"{seed}:{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def sample_seed(prompt_seed: int, sample: int) -> int:
+    """The seed of completion number ``sample`` of a prompt sampled with ``prompt_seed``."""
+    return derive_seed(prompt_seed, sample)
+
+
+def prompt_seeds(params: SamplingConfig, prompts: int, seeds: Sequence[int] | None) -> list[int] | None:
+    """Each prompt's seed: the caller's, else derived from the batch seed, else None (unseeded)."""
+    if seeds is not None:
+        if len(seeds) != prompts:
+            raise ValueError(f"{len(seeds)} seeds for {prompts} prompts")
+        return list(seeds)
+    if params.seed is None:
+        return None
+    return [derive_seed(params.seed, i) for i in range(prompts)]
+
+
 @runtime_checkable
 class GenerationBackend(Protocol):
     """Samples completions from the current policy; weights can be swapped between batches."""
@@ -114,11 +138,18 @@ class GenerationBackend(Protocol):
         """Policy version of the loaded weights (0 = initial weights)."""
         ...
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingConfig) -> list[list[Sample]]:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingConfig,
+        seeds: Sequence[int] | None = None,
+    ) -> list[list[Sample]]:
         """Sample ``params.num_samples`` completions for each prompt: B lists of L samples, prompt order.
 
         Prompts are token ids exactly as the model should see them (chat template applied, no padding).
-        Failures of the generation itself come back as ``Sample.failed`` entries, not exceptions.
+        ``seeds`` gives each prompt its own seed (see `prompt_seeds`): a prompt's completions then
+        depend on its seed and the weights, not on the other prompts of the call. Failures of the
+        generation itself come back as ``Sample.failed`` entries, not exceptions.
         """
         ...
 

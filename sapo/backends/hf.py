@@ -20,13 +20,18 @@ How a batch is laid out and read back:
 - The backend replaces the model's ``generation_config`` by one holding only the special token ids, so
   sampling defaults shipped with a checkpoint (repetition penalty, min-p, top-k 50, ...) can never
   change the distribution behind the recorded logprobs.
+- Seeded batches draw every row from its own generator (``_RowSampler``, seeded with
+  ``sample_seed(seed of its prompt, sample index)``), not from torch's global one, so a prompt's
+  completions do not depend on which other prompts share the call: a work item sampled again in
+  another batch gets the same tokens (up to floating-point differences of the batched forward pass).
+  The sampler applies temperature, top-k and top-p itself and hands ``generate`` a one-hot choice.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, cast
 
@@ -41,9 +46,11 @@ from transformers import (
     StoppingCriteria,
     StoppingCriteriaList,
     StopStringCriteria,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
 )
 
-from sapo.backends.base import Sample, SamplingConfig, WeightsSource, weight_files
+from sapo.backends.base import Sample, SamplingConfig, WeightsSource, prompt_seeds, sample_seed, weight_files
 from sapo.models.loading import load_model
 
 log = logging.getLogger(__name__)
@@ -67,6 +74,34 @@ class _TemperedLogits(LogitsProcessor):
         if self.tempered is None or self.log_norm is None:
             raise RuntimeError("no logits recorded for this step")
         return self.tempered.gather(1, chosen[:, None]).squeeze(1) - self.log_norm
+
+
+class _RowSampler(LogitsProcessor):
+    """Samples each row from its own seeded generator and returns the choice as one-hot scores (0 for
+    the chosen token, -inf elsewhere), so ``generate``'s own draw can only take it. Tempering and the
+    top-k / top-p cut-offs happen here, in the order ``generate`` would apply them."""
+
+    def __init__(self, seeds: Sequence[int], params: SamplingConfig) -> None:
+        self._generators = [torch.Generator().manual_seed(s) for s in seeds]
+        self._warpers: list[LogitsProcessor] = []
+        if params.top_k > 0:
+            self._warpers.append(TopKLogitsWarper(params.top_k))
+        if params.top_p < 1.0:
+            self._warpers.append(TopPLogitsWarper(params.top_p))
+        self._temperature = params.temperature
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        warped = scores / self._temperature
+        for warper in self._warpers:
+            warped = warper(input_ids, warped)
+        cdf = torch.softmax(warped.float(), dim=-1).cumsum(dim=-1).cpu()
+        if not torch.isfinite(cdf[:, -1]).all():  # diverged weights: fail as torch.multinomial would
+            raise RuntimeError("probability tensor contains either inf, nan or element < 0")
+        draws = torch.cat([torch.rand(1, generator=g) for g in self._generators])
+        chosen = torch.searchsorted(cdf, (draws * cdf[:, -1])[:, None]).clamp_max(cdf.shape[1] - 1)
+        one_hot = torch.full_like(scores, float("-inf"))
+        one_hot.scatter_(1, chosen.to(scores.device), 0.0)
+        return one_hot  # type: ignore[return-value]
 
 
 class _CompletionTracker(StoppingCriteria):
@@ -220,7 +255,12 @@ class TransformersBackend:
         self._model.load_state_dict(rest, strict=False)
         self._version = version
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingConfig) -> list[list[Sample]]:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingConfig,
+        seeds: Sequence[int] | None = None,
+    ) -> list[list[Sample]]:
         if not prompts:
             return []
         if any(len(p) == 0 for p in prompts):
@@ -229,6 +269,11 @@ class TransformersBackend:
         input_ids, mask = left_pad(prompts, self._pad_id, device)
         rows = len(prompts) * params.num_samples
         logits = _TemperedLogits(params.temperature)
+        processors: list[LogitsProcessor] = [logits]
+        per_prompt = prompt_seeds(params, len(prompts), seeds)
+        if per_prompt is not None:
+            row_seeds = [sample_seed(s, j) for s in per_prompt for j in range(params.num_samples)]
+            processors.append(_RowSampler(row_seeds, params))
         tracker = _CompletionTracker(
             logits,
             input_ids.shape[1],
@@ -237,13 +282,15 @@ class TransformersBackend:
             rows,
         )
         try:
-            with _seeded(params.seed, device):
-                # PreTrainedModel has no generate(); *ForCausalLM classes mix it in (result checked below).
+            # Seeded, generate still draws from torch's global RNG (a forced choice): keep its state.
+            rng = torch.random.fork_rng(devices=_cuda_devices(device)) if per_prompt else nullcontext()
+            with rng:
+                # PreTrainedModel has no generate(); *ForCausalLM classes mix it in (checked below).
                 sequences = cast(Any, self._model).generate(
                     input_ids=input_ids,
                     attention_mask=mask,
-                    generation_config=self._generation_config(params),
-                    logits_processor=LogitsProcessorList([logits]),
+                    generation_config=self._generation_config(params, seeded=per_prompt is not None),
+                    logits_processor=LogitsProcessorList(processors),
                     stopping_criteria=StoppingCriteriaList([tracker]),
                 )
         except RuntimeError as exc:  # NaN/inf probabilities from diverged weights, out of memory
@@ -254,13 +301,14 @@ class TransformersBackend:
             raise TypeError(f"generate returned {type(sequences).__name__}, expected a tensor of token ids")
         return self._unpack(sequences[:, input_ids.shape[1] :], tracker, params.num_samples)
 
-    def _generation_config(self, params: SamplingConfig) -> GenerationConfig:
-        """Every sampling knob explicit: ``generate`` fills unset ones with defaults such as top-k 50."""
+    def _generation_config(self, params: SamplingConfig, *, seeded: bool) -> GenerationConfig:
+        """Every sampling knob explicit: ``generate`` fills unset ones with defaults such as top-k 50.
+        Seeded batches are warped and drawn by ``_RowSampler``, so ``generate`` warps nothing."""
         return GenerationConfig(  # type: ignore[no-untyped-call]
             do_sample=True,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            top_k=params.top_k,
+            temperature=1.0 if seeded else params.temperature,
+            top_p=1.0 if seeded else params.top_p,
+            top_k=0 if seeded else params.top_k,
             max_new_tokens=params.max_new_tokens,
             num_return_sequences=params.num_samples,
             eos_token_id=self._eos_ids,
@@ -300,13 +348,5 @@ class TransformersBackend:
         return [samples[i : i + per_prompt] for i in range(0, len(samples), per_prompt)]
 
 
-@contextlib.contextmanager
-def _seeded(seed: int | None, device: torch.device) -> Iterator[None]:
-    """Seed torch's RNG for the block and restore the previous state afterwards (no global side effect)."""
-    if seed is None:
-        yield
-        return
-    devices = [device.index or 0] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
-        yield
+def _cuda_devices(device: torch.device) -> list[int]:
+    return [device.index or 0] if device.type == "cuda" else []

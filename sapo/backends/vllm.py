@@ -35,7 +35,6 @@ Mapping:
 
 from __future__ import annotations
 
-import hashlib
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -46,7 +45,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import PreTrainedTokenizerBase
 
-from sapo.backends.base import FinishReason, Sample, SamplingConfig, WeightsSource, weight_files
+from sapo.backends.base import FinishReason, Sample, SamplingConfig, WeightsSource, prompt_seeds, weight_files
 from sapo.models.bundled import BUNDLED_REF, bundled_model_dir
 from sapo.models.refs import ref_kind
 
@@ -62,14 +61,6 @@ class Engine(Protocol):
     def collective_rpc(self, method: str, args: tuple[Any, ...] = ...) -> list[Any]: ...
 
     def reset_prefix_cache(self) -> Any: ...
-
-
-def derive_seed(seed: int | None, index: int) -> int | None:
-    """Independent 63-bit seed for prompt ``index`` of a batch seeded with ``seed``."""
-    if seed is None:
-        return None
-    digest = hashlib.sha256(f"{seed}:{index}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1
 
 
 def _iter_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
@@ -148,7 +139,12 @@ class VLLMBackend:
     def model_version(self) -> int:
         return self._version
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingConfig) -> list[list[Sample]]:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingConfig,
+        seeds: Sequence[int] | None = None,
+    ) -> list[list[Sample]]:
         if params.top_p < 1 or params.top_k > 0:
             raise ValueError(
                 "the vLLM backend records logprobs after top-p/top-k truncation, but the wire contract "
@@ -158,7 +154,11 @@ class VLLMBackend:
         if not prompts:
             return []
         requests = [{"prompt_token_ids": list(p)} for p in prompts]
-        sampling = [self._request_params(params, derive_seed(params.seed, i)) for i in range(len(prompts))]
+        per_prompt = prompt_seeds(params, len(prompts), seeds)
+        request_seeds: list[int | None] = (
+            list(per_prompt) if per_prompt is not None else [None] * len(prompts)
+        )
+        sampling = [self._request_params(params, seed) for seed in request_seeds]
         results = self._engine.generate(requests, sampling, use_tqdm=False)
         return [[_to_sample(o) for o in sorted(r.outputs, key=lambda o: o.index)] for r in results]
 

@@ -1,9 +1,10 @@
-"""Pure helpers of the generator service: round pacing, group building and sharing policies.
+"""Pure helpers of the generator service: work items and pacing, group building, sharing policies.
 
 No Kafka here: `sapo.node.generator` wires these to the transport, the model backend and the metrics.
-- `pacing`: which policy version a round may be generated with (lockstep / async with bounded staleness).
-- `groups`: a round's questions and prompts, RolloutGroups built from sampled completions, and
-  `generate_round`, which does the whole round with a backend.
+- `work`: work items (one question of one round), what they determine (question, seeds, group id),
+  pacing (which policy versions may generate a round) and which rounds may start.
+- `groups`: RolloutGroups built from sampled completions, and `generate_items`, which samples the
+  items a replica holds in one backend call.
 - `sharing`: which groups go to the swarm topic.
 - `reload`: retrying a policy version that failed to load, and when to give up.
 - `settings`: `GeneratorSettings`, the service's settings (imported from there, not from this package).
@@ -11,22 +12,21 @@ No Kafka here: `sapo.node.generator` wires these to the transport, the model bac
 
 from sapo.generator.groups import (
     BatchContext,
-    GeneratedRound,
+    Generated,
     RoundPrompt,
     RoundSource,
     build_group,
-    generate_round,
-    plan_round,
-    round_seed,
+    generate_items,
     to_completion,
 )
-from sapo.generator.pacing import Pacing, PacingMode
 from sapo.generator.reload import ReloadPolicy, Retry, is_transient
 from sapo.generator.sharing import SharingPolicy, should_share
+from sapo.generator.work import Item, Pacing, PacingMode, group_id, item_seed, plan_rounds, round_items
 
 __all__ = [
     "BatchContext",
-    "GeneratedRound",
+    "Generated",
+    "Item",
     "Pacing",
     "PacingMode",
     "ReloadPolicy",
@@ -35,10 +35,12 @@ __all__ = [
     "RoundSource",
     "SharingPolicy",
     "build_group",
-    "generate_round",
+    "generate_items",
+    "group_id",
     "is_transient",
-    "plan_round",
-    "round_seed",
+    "item_seed",
+    "plan_rounds",
+    "round_items",
     "should_share",
     "to_completion",
 ]

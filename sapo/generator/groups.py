@@ -1,10 +1,11 @@
-"""Building rollout groups C(q) = (q, y_q, R(q), M) from one round's questions and sampled completions.
+"""Building rollout groups C(q) = (q, y_q, R(q), M) from work items and sampled completions.
 
-A round is a pure function of (task stream, round number, batch size): question i of round r is stream
-position r * B + i, and the sampling seed is derived from (node seed, r). A restarted generator therefore
-regenerates the same questions with the same seed; given the same weights, the same completions.
-`generate_round` is that whole step (plan, sample in one backend call, build the groups), shared by the
-generator service and the in-process swarm.
+A group is a pure function of its work item (`sapo.generator.work`): question `position` of round r is
+stream position r * B + position, its completions are sampled with seeds derived from (node seed, r,
+position), and its id from (node, r, position). A work item generated again (a replica died, a restart)
+therefore yields the same question and group id; given the same weights, the same completions.
+`generate_items` is that whole step for the items a replica holds (prompts, one backend call, scored
+groups), shared by the generator service and the in-process swarm.
 
 Failed generations keep `FINISH_REASON_ERROR` and carry no reward: scoring them 0 would teach the policy
 that whatever produced the error was a wrong answer.
@@ -12,19 +13,16 @@ that whatever produced the error was a wrong answer.
 
 from __future__ import annotations
 
-import dataclasses
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from google.protobuf.timestamp_pb2 import Timestamp
-from transformers import PreTrainedTokenizerBase
 
 from sapo.backends import FinishReason, GenerationBackend, Sample, SamplingConfig
 from sapo.convert import question_to_proto
+from sapo.generator.work import Item, group_id, item_seed
 from sapo.tasks import QuestionRecord, TaskStream, prompt_ids, score
-from sapo.tasks.seeds import stable_hash
 from sapo.v1 import rollout_pb2
 from sapo.wire import SCHEMA_VERSION, now_timestamp
 
@@ -51,33 +49,19 @@ class BatchContext:
     model_id: str
     tokenizer_fingerprint: str
     policy_version: int
-    round: int
     sampling: SamplingConfig
     created_at: Timestamp
     generate_seconds: float
     """Wall time of the whole batched call: the groups were generated together, not one by one."""
 
 
-def round_seed(node_seed: int, round_: int) -> int:
-    """The sampling seed of round `round_` on a node: reproducible, different per node and round."""
-    return stable_hash("sampling", node_seed, round_) % 2**63
-
-
-def plan_round(
-    tokenizer: PreTrainedTokenizerBase, stream: TaskStream, round_: int, per_round: int
-) -> list[RoundPrompt]:
-    """The `per_round` questions of round `round_` (stream positions round_ * per_round + i) and prompts."""
-    records = [stream.record_at(round_ * per_round + i) for i in range(per_round)]
-    return [RoundPrompt(r, prompt_ids(tokenizer, r)) for r in records]
-
-
-def sampling_params(config: SamplingConfig) -> rollout_pb2.SamplingParams:
+def sampling_params(config: SamplingConfig, seed: int) -> rollout_pb2.SamplingParams:
     return rollout_pb2.SamplingParams(
         temperature=config.temperature,
         top_p=config.top_p,
         top_k=config.top_k,
         max_new_tokens=config.max_new_tokens,
-        seed=config.seed or 0,
+        seed=seed,
         stop=list(config.stop),
     )
 
@@ -100,23 +84,24 @@ def to_completion(sample: Sample, record: QuestionRecord) -> rollout_pb2.Complet
 
 
 def build_group(
-    prompt: RoundPrompt, samples: Sequence[Sample], ctx: BatchContext
+    prompt: RoundPrompt, samples: Sequence[Sample], ctx: BatchContext, item: Item, seed: int
 ) -> rollout_pb2.RolloutGroup:
-    """One RolloutGroup with a fresh UUID: regenerating a round yields new groups, never duplicates."""
+    """The RolloutGroup of one work item, with the id and position the item determines."""
     completions = [to_completion(s, prompt.record) for s in samples]
     return rollout_pb2.RolloutGroup(
         schema_version=SCHEMA_VERSION,
-        group_id=str(uuid.uuid4()),
+        group_id=group_id(ctx.node_id, item.round, item.position),
         node_id=ctx.node_id,
         question=question_to_proto(prompt.record),
         completions=completions,
         model_id=ctx.model_id,
         tokenizer_fingerprint=ctx.tokenizer_fingerprint,
         policy_version=ctx.policy_version,
-        sampling=sampling_params(ctx.sampling),
+        sampling=sampling_params(ctx.sampling, seed),
         created_at=ctx.created_at,
         completed_at=now_timestamp(),
-        round=ctx.round,
+        round=item.round,
+        position=item.position,
         prompt_token_ids=list(prompt.prompt_ids),
         generate_seconds=ctx.generate_seconds,
     )
@@ -124,46 +109,48 @@ def build_group(
 
 @dataclass(frozen=True)
 class RoundSource:
-    """What every round of one node's generator shares: who generates, with which model, how much and
-    how. `sampling.seed` is ignored: each round samples with `round_seed(node_seed, round)`."""
+    """What every group of one node's generator shares: who generates, with which model and seed, and
+    how (`sampling.seed` is ignored: each item samples with `item_seed(node_seed, round, position)`)."""
 
     node_id: str
     model_id: str
     tokenizer_fingerprint: str
     node_seed: int
-    questions_per_round: int
     sampling: SamplingConfig
 
 
 @dataclass(frozen=True)
-class GeneratedRound:
-    """The groups of one round, and the wall time of the backend call that sampled them."""
+class Generated:
+    """The groups of some work items, and the wall time of the backend call that sampled them."""
 
     groups: list[rollout_pb2.RolloutGroup]
     generate_seconds: float
 
 
-def generate_round(
-    backend: GenerationBackend, stream: TaskStream, source: RoundSource, round_: int, version: int
-) -> GeneratedRound:
-    """Round `round_` of the node: its questions, all B x L completions in one backend call with the
-    round's seed, scored and built into groups stamped with policy `version` (the weights the backend
-    holds; the caller knows which, the backend is never asked to swap weights here)."""
-    prompts = plan_round(backend.tokenizer, stream, round_, source.questions_per_round)
-    sampling = dataclasses.replace(source.sampling, seed=round_seed(source.node_seed, round_))
+def generate_items(
+    backend: GenerationBackend, stream: TaskStream, source: RoundSource, items: Sequence[Item], version: int
+) -> Generated:
+    """The groups of `items`: their questions, all completions in one backend call (each item with its
+    own seed), scored and stamped with policy `version` (the weights the backend holds; the caller
+    knows which, the backend is never asked to swap weights here)."""
+    records = [stream.record_at(item.stream_index) for item in items]
+    prompts = [RoundPrompt(r, prompt_ids(backend.tokenizer, r)) for r in records]
+    seeds = [item_seed(source.node_seed, item.round, item.position) for item in items]
     created_at = now_timestamp()
     started = time.perf_counter()
-    samples = backend.generate([p.prompt_ids for p in prompts], sampling)
+    samples = backend.generate([p.prompt_ids for p in prompts], source.sampling, seeds)
     seconds = time.perf_counter() - started
     ctx = BatchContext(
         node_id=source.node_id,
         model_id=source.model_id,
         tokenizer_fingerprint=source.tokenizer_fingerprint,
         policy_version=version,
-        round=round_,
-        sampling=sampling,
+        sampling=source.sampling,
         created_at=created_at,
         generate_seconds=seconds,
     )
-    groups = [build_group(p, s, ctx) for p, s in zip(prompts, samples, strict=True)]
-    return GeneratedRound(groups, seconds)
+    groups = [
+        build_group(p, s, ctx, item, seed)
+        for p, s, item, seed in zip(prompts, samples, items, seeds, strict=True)
+    ]
+    return Generated(groups, seconds)

@@ -12,12 +12,11 @@ from typing import Self
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from sapo.generator.pacing import Pacing, PacingMode
 from sapo.generator.reload import ReloadPolicy
 from sapo.generator.sharing import SharingPolicy, should_share
 from sapo.models import is_project_ref
 from sapo.models.settings import ModelSettings
-from sapo.settings import RoundSettings, ServiceSettings
+from sapo.settings import ServiceSettings
 from sapo.tasks import Profile, load_profile
 from sapo.tasks.seeds import stable_hash
 from sapo.v1 import rollout_pb2
@@ -34,7 +33,7 @@ class DType(StrEnum):
     FLOAT16 = "float16"
 
 
-class GeneratorSettings(ServiceSettings, ModelSettings, RoundSettings):
+class GeneratorSettings(ServiceSettings, ModelSettings):
     """Settings of one generator process (`SAPO_GENERATOR_*`; nested Kafka settings use `__`)."""
 
     model_config = SettingsConfigDict(
@@ -64,7 +63,7 @@ class GeneratorSettings(ServiceSettings, ModelSettings, RoundSettings):
         "derived from node_id, so distinct nodes draw distinct questions (the reference code did not).",
     )
 
-    # --- sampling (questions_per_round, B: sapo.settings.RoundSettings) ---
+    # --- sampling ---
     completions_per_question: int = Field(
         8, ge=2, le=256, description="L: completions per question (>= 2: a group of one has no advantage)."
     )
@@ -82,17 +81,13 @@ class GeneratorSettings(ServiceSettings, ModelSettings, RoundSettings):
         None, ge=0.0, le=1.0, description="Fraction of groups shared; required with sharing=fraction only."
     )
 
-    # --- round pacing ---
-    round_mode: PacingMode = Field(
-        PacingMode.LOCKSTEP,
-        description="lockstep: round r is generated with policy version r (the paper). async: generation "
-        "runs up to max_ahead versions ahead of the loaded policy.",
-    )
-    max_ahead: int = Field(
-        1, ge=1, le=1000, description="Staleness bound in versions (round_mode=async only; lockstep is 0)."
-    )
-    rounds: int = Field(
-        0, ge=0, le=10**9, description="Stop before this round number (total for the run); 0 = forever."
+    # --- work (rounds are planned by the trainer: sapo.generator.work) ---
+    max_batch_items: int = Field(
+        64,
+        ge=1,
+        le=4096,
+        description="Most work items (questions) one replica samples in one backend call; the items it "
+        "holds that the loaded policy may generate are batched up to this many.",
     )
 
     # --- operations ---
@@ -104,13 +99,13 @@ class GeneratorSettings(ServiceSettings, ModelSettings, RoundSettings):
         "partition assignment (high watermarks are not trusted: the embedded broker reports wrong ones).",
     )
     flush_timeout_s: float = Field(
-        30.0, ge=0.1, le=600.0, description="Bound on the producer flush at the end of each round."
+        30.0, ge=0.1, le=600.0, description="Bound on the producer flush after each backend call's groups."
     )
     liveness_timeout_s: float = Field(
         900.0,
         ge=10.0,
         le=86_400.0,
-        description="/healthz fails when the loop is silent this long: must exceed the longest round.",
+        description="/healthz fails when the loop is silent this long: must exceed the longest backend call.",
     )
 
     weights_retry_initial_s: float = Field(
@@ -152,11 +147,6 @@ class GeneratorSettings(ServiceSettings, ModelSettings, RoundSettings):
                 f"share_fraction goes with sharing=fraction only: set {prefix}SHARING=fraction and "
                 f"{prefix}SHARE_FRACTION=<0..1> together, or neither"
             )
-        if self.round_mode is PacingMode.LOCKSTEP and "max_ahead" in self.model_fields_set:
-            raise ValueError(
-                f"max_ahead applies to round_mode=async only (lockstep runs exactly 0 ahead): set "
-                f"{prefix}ROUND_MODE=async, or unset {prefix}MAX_AHEAD"
-            )
         if self.weights_retry_max_s < self.weights_retry_initial_s:
             raise ValueError(
                 f"set {prefix}WEIGHTS_RETRY_MAX_S >= {prefix}WEIGHTS_RETRY_INITIAL_S "
@@ -197,10 +187,6 @@ class GeneratorSettings(ServiceSettings, ModelSettings, RoundSettings):
             give_up_s=self.weights_retry_give_up_s,
             max_behind_s=self.weights_max_behind_s,
         )
-
-    def pacing(self) -> Pacing:
-        max_ahead = self.max_ahead if self.round_mode is PacingMode.ASYNC else 0
-        return Pacing(self.round_mode, max_ahead, self.rounds)
 
     def shares(self, group: rollout_pb2.RolloutGroup) -> bool:
         """Whether the group goes to the swarm topic under the sharing policy."""

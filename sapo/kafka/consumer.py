@@ -10,6 +10,10 @@ Delivery semantics (at-least-once):
 - librdkafka commits stored positions every auto.commit.interval.ms; on revoke the loop commits
   synchronously before giving partitions up; on loss it commits nothing and drops the partitions'
   state; on close it commits what is finished.
+- Chunked messages (`sapo.kafka.chunks`) are reassembled before the prefilter and the handler see
+  them; a message's chunks stay unfinished until the message is, and what cannot be reassembled is
+  counted, dead-lettered (its first chunk) and finished. A message the prefilter refuses by its first
+  chunk's headers is skipped chunk by chunk, never buffered.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from collections.abc import Callable, Sequence
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
+from sapo.kafka.chunks import Incomplete, Reassembler, chunk_of
 from sapo.kafka.dlq import DeadLetters
 from sapo.kafka.metrics import TransportMetrics
 from sapo.kafka.records import (
@@ -45,6 +50,10 @@ CONSUMER_DEFAULTS = {
     # Committed offsets are the source of truth; the embedded broker's high watermark is unreliable.
     "auto.offset.reset": "earliest",
 }
+
+
+DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
+"""Largest message a loop reassembles unless told otherwise (services pass their setting)."""
 
 
 class TransportError(RuntimeError):
@@ -155,8 +164,11 @@ class ConsumerLoop:
         on_assign: AssignHook | None = None,
         on_revoke: RevokeHook | None = None,
         poll_timeout_s: float = 1.0,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
         self._client = client
+        self.opened = False
+        """Whether `open` subscribed (the loop may be stepped)."""
         self._closed = False
         self._topics = list(topics)
         self._handler = handler
@@ -170,13 +182,19 @@ class ConsumerLoop:
         self._on_revoke = on_revoke
         self._poll_timeout_s = poll_timeout_s
         self.watermarks = Watermarks()
+        # Open messages may hold a few payloads' worth: enough for interleaved producers, still bounded.
+        self._reassembler = Reassembler(max_payload_bytes, 4 * max_payload_bytes)
+        self._skipping: dict[tuple[TopicPartition, str], str] = {}
+        """Chunked messages the prefilter refused by their first chunk, and why."""
         self.assigned: set[TopicPartition] = set()
         self.last_poll_monotonic = time.monotonic()
         self.handled = 0
 
     def finish(self, record: Record) -> None:
-        """Mark a HELD record finished; its offset becomes committable once earlier ones are too."""
-        self.watermarks.finish(record.tp, record.offset)
+        """Mark a HELD record finished (every chunk of a reassembled one); its offsets become
+        committable once earlier ones are too."""
+        for part in record.offsets:
+            self.watermarks.finish(part.tp, part.offset)
 
     def commit(self) -> None:
         """Store and synchronously commit everything finished so far."""
@@ -186,6 +204,7 @@ class ConsumerLoop:
     def open(self) -> None:
         """Join the group; `step()` may be called from then on."""
         self._client.subscribe(self._topics, self._assigned, self._revoked, self._lost)
+        self.opened = True
 
     def step(self, timeout_s: float | None = None) -> bool:
         """Poll once and handle what arrived; True when a record was read. Lets one thread drive
@@ -230,20 +249,61 @@ class ConsumerLoop:
     def _dispatch(self, record: Record) -> None:
         self._metrics.consumed.labels(self._stream_of(record.topic)).inc()
         self.watermarks.seen(record.tp, record.offset)
-        reason = self._prefilter(record) if self._prefilter is not None else None
+        if self._skipped_chunk(record):
+            return
+        assembled = self._reassembler.add(record)
+        for incomplete in self._reassembler.take_dropped():
+            self._drop(incomplete)
+        if assembled is None:
+            return
+        reason = self._prefilter(assembled) if self._prefilter is not None else None
         if reason is not None:
             self._metrics.rejected.labels(reason).inc()
-            self.finish(record)
+            self.finish(assembled)
             return
         try:
-            disposition = self._handler(record)
+            disposition = self._handler(assembled)
         except InvalidMessageError as exc:
-            self._reject(record, exc)
+            self._reject(assembled, exc)
             return
         self.handled += 1
         if disposition is Disposition.DONE:
-            self.finish(record)
+            self.finish(assembled)
         self._metrics.pending.set(self.watermarks.pending_count())
+
+    def _skipped_chunk(self, record: Record) -> bool:
+        """Finish a chunk of a message the prefilter refused by its first chunk; True when it was one."""
+        chunk = chunk_of(record)
+        if chunk is None or self._prefilter is None:
+            return False
+        index, count, message_id = chunk
+        slot = (record.tp, message_id)
+        if index == 0 and (reason := self._prefilter(record)) is not None:
+            self._metrics.rejected.labels(reason).inc()
+            self._skipping[slot] = reason
+        if slot not in self._skipping:
+            return False
+        if index == count - 1:
+            del self._skipping[slot]
+        self.finish(record)
+        return True
+
+    def _drop(self, incomplete: Incomplete) -> None:
+        """A message that cannot be reassembled: counted, its first chunk dead-lettered, all finished."""
+        first = incomplete.parts[0]
+        log.warning(
+            "dropped %d chunk(s) from %s/%d/%d: %s",
+            len(incomplete.parts),
+            first.topic,
+            first.partition,
+            first.offset,
+            incomplete.reason,
+        )
+        self._metrics.rejected.labels(incomplete.reason).inc()
+        if self._dead_letters is not None:
+            self._dead_letters.send(first, incomplete.reason, f"{len(incomplete.parts)} chunk(s) given up")
+        for part in incomplete.parts:
+            self.finish(part)
 
     def _reject(self, record: Record, exc: InvalidMessageError) -> None:
         log.warning("rejected %s/%d/%d: %s", record.topic, record.partition, record.offset, exc)
@@ -275,6 +335,8 @@ class ConsumerLoop:
     def _forget(self, tps: list[TopicPartition]) -> None:
         if self._on_revoke is not None:
             self._on_revoke(tps)
+        self._reassembler.forget(set(tps))
+        self._skipping = {slot: r for slot, r in self._skipping.items() if slot[0] not in tps}
         self.watermarks.drop(tps)
         self.assigned.difference_update(tps)
         self._metrics.assigned_partitions.set(len(self.assigned))

@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
+from sapo.kafka.chunks import chunk_size, split
+from sapo.kafka.producer import DEFAULT_MAX_MESSAGE_BYTES
 from sapo.kafka.records import AssignHook, Header, OffsetPosition, Record, RevokeHook, TopicPartition
 
 
@@ -30,11 +32,22 @@ class MemoryBus:
 
 
 class MemoryPublisher:
-    def __init__(self, bus: MemoryBus) -> None:
+    def __init__(self, bus: MemoryBus, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
         self._bus = bus
+        self._chunk_bytes = chunk_size(max_message_bytes)
 
-    def send(self, topic: str, key: bytes | None, value: bytes, headers: Sequence[Header] = ()) -> None:
-        self._bus.append(topic, key, value, headers)
+    def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes,
+        headers: Sequence[Header] = (),
+        partition: int | None = None,
+    ) -> None:
+        self.send_sync(topic, key, value, headers)
+
+    def partitions(self, topic: str) -> int:
+        return 1
 
     def send_sync(
         self,
@@ -44,7 +57,10 @@ class MemoryPublisher:
         headers: Sequence[Header] = (),
         timeout_s: float = 30.0,
     ) -> tuple[int, int]:
-        return self._bus.append(topic, key, value, headers)
+        acks = [
+            self._bus.append(topic, key, piece, h) for piece, h in split(value, headers, self._chunk_bytes)
+        ]
+        return acks[-1]
 
     def flush(self, timeout_s: float) -> int:
         return 0

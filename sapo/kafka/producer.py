@@ -3,6 +3,8 @@
 Delivery callback per message, `poll(0)` after each send to serve callbacks, a full local queue
 (`BufferError`) treated as backpressure (serve callbacks, retry, give up after a bound), and a
 bounded flush on close. Idempotence and acks=all keep retries from duplicating or losing messages.
+Payloads larger than one message may be (`max_message_bytes`, the broker's limit) go out in chunks
+(`sapo.kafka.chunks`), zstd-compressed like everything else: nothing has to raise a broker limit.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 from confluent_kafka import KafkaError, Message
 from confluent_kafka import Producer as _Producer
 
+from sapo.kafka.chunks import chunk_size, split
 from sapo.kafka.metrics import TransportMetrics
 from sapo.kafka.records import Header
 
@@ -25,7 +28,12 @@ PRODUCER_DEFAULTS = {
     "acks": "all",
     "linger.ms": "5",
     "message.timeout.ms": "60000",
+    # Rollout text, token ids and log-probs compress 2-4x; the broker stores batches compressed.
+    "compression.type": "zstd",
 }
+DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
+"""Apache Kafka's default per-message limit (message.max.bytes ~ 1 MB): what a producer sends at most
+unless configured otherwise (settings: MAX_MESSAGE_BYTES)."""
 
 
 class DeliveryError(RuntimeError):
@@ -44,8 +52,11 @@ class KafkaPublisher:
         config: dict[str, str],
         metrics: TransportMetrics | None = None,
         queue_full_timeout_s: float = 30.0,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
-        self._producer = _Producer(PRODUCER_DEFAULTS | config)
+        limits = {"message.max.bytes": str(max_message_bytes)}
+        self._producer = _Producer(PRODUCER_DEFAULTS | limits | config)
+        self._chunk_bytes = chunk_size(max_message_bytes)
         self._metrics = metrics
         self._queue_full_timeout_s = queue_full_timeout_s
         self.errors = 0
@@ -60,12 +71,23 @@ class KafkaPublisher:
             self._metrics.produced.inc()
 
     def _produce(
-        self, topic: str, key: bytes | None, value: bytes, headers: Sequence[Header], cb: Any
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes,
+        headers: Sequence[Header],
+        cb: Any,
+        *,
+        partition: int | None = None,
     ) -> None:
         deadline = time.monotonic() + self._queue_full_timeout_s
+        # -1 = unassigned: the configured partitioner picks one from the key.
+        target = -1 if partition is None else partition
         while True:
             try:
-                self._producer.produce(topic, value=value, key=key, headers=list(headers), on_delivery=cb)
+                self._producer.produce(
+                    topic, value=value, key=key, partition=target, headers=list(headers), on_delivery=cb
+                )
                 break
             except BufferError:
                 if time.monotonic() > deadline:
@@ -75,8 +97,23 @@ class KafkaPublisher:
                 self._producer.poll(0.1)
         self._producer.poll(0)
 
-    def send(self, topic: str, key: bytes | None, value: bytes, headers: Sequence[Header] = ()) -> None:
-        self._produce(topic, key, value, headers, self._on_delivery)
+    def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes,
+        headers: Sequence[Header] = (),
+        partition: int | None = None,
+    ) -> None:
+        for piece, piece_headers in split(value, headers, self._chunk_bytes):
+            self._produce(topic, key, piece, piece_headers, self._on_delivery, partition=partition)
+
+    def partitions(self, topic: str, timeout_s: float = 10.0) -> int:
+        metadata = self._producer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        if metadata is None or metadata.error is not None or not metadata.partitions:
+            problem = metadata.error if metadata is not None else "not in the metadata"
+            raise DeliveryError(f"topic {topic} has no partitions to send to: {problem}")
+        return len(metadata.partitions)
 
     def send_sync(
         self,
@@ -86,21 +123,25 @@ class KafkaPublisher:
         headers: Sequence[Header] = (),
         timeout_s: float = 30.0,
     ) -> tuple[int, int]:
+        """Send and wait for every chunk's acknowledgement; (partition, offset) of the last one."""
+        pieces = split(value, headers, self._chunk_bytes)
         result: list[tuple[KafkaError | None, Message]] = []
 
         def on_delivery(err: KafkaError | None, msg: Message) -> None:
             self._on_delivery(err, msg)
             result.append((err, msg))
 
-        self._produce(topic, key, value, headers, on_delivery)
+        for piece, piece_headers in pieces:
+            self._produce(topic, key, piece, piece_headers, on_delivery)
         deadline = time.monotonic() + timeout_s
-        while not result and time.monotonic() < deadline:
+        while len(result) < len(pieces) and time.monotonic() < deadline:
             self._producer.poll(0.05)
-        if not result:
+        if len(result) < len(pieces):
             raise DeliveryError(f"no acknowledgement from {topic} within {timeout_s}s")
-        err, msg = result[0]
-        if err is not None:
-            raise DeliveryError(f"delivery to {topic} failed: {err}")
+        failed = [err for err, _ in result if err is not None]
+        if failed:
+            raise DeliveryError(f"delivery to {topic} failed: {failed[0]}")
+        _, msg = result[-1]
         return int(msg.partition() or 0), int(msg.offset() or 0)
 
     def poll(self, timeout_s: float = 0.0) -> None:

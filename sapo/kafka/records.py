@@ -23,10 +23,17 @@ class Record:
     value: bytes | None
     headers: dict[str, bytes] = field(default_factory=dict)
     timestamp_ms: int = 0
+    parts: tuple[Record, ...] = ()
+    """The chunk records a reassembled message was made of (`sapo.kafka.chunks`); empty otherwise."""
 
     @property
     def tp(self) -> TopicPartition:
         return (self.topic, self.partition)
+
+    @property
+    def offsets(self) -> tuple[Record, ...]:
+        """The records whose offsets this message covers: its chunks, or itself."""
+        return self.parts or (self,)
 
 
 AssignHook = Callable[[list[TopicPartition]], dict[TopicPartition, int]]
@@ -63,8 +70,13 @@ class Publisher(Protocol):
         key: bytes | None,
         value: bytes,
         headers: Sequence[Header] = (),
+        partition: int | None = None,
     ) -> None:
-        """Queue a message; delivery failures surface through the producer's error accounting."""
+        """Queue a message (to `partition`, or the key's; in chunks when larger than one message may
+        be: `sapo.kafka.chunks`); delivery failures surface through the producer's error accounting."""
+
+    def partitions(self, topic: str) -> int:
+        """How many partitions `topic` has (from the cluster's metadata)."""
 
     def send_sync(
         self,

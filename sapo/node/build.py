@@ -41,13 +41,12 @@ def model_shapes(backend: GenerationBackend) -> dict[str, tuple[int, ...]] | Non
 
 
 def round_source(settings: GeneratorSettings, tokenizer: PreTrainedTokenizerBase) -> RoundSource:
-    """What every round of this generator shares (node, model, seed, B, sampling knobs)."""
+    """What every group of this generator shares (node, model, seed, sampling knobs)."""
     return RoundSource(
         node_id=settings.node_id,
         model_id=settings.model,
         tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
         node_seed=settings.effective_node_seed,
-        questions_per_round=settings.questions_per_round,
         sampling=SamplingConfig(
             max_new_tokens=settings.max_new_tokens,
             num_samples=settings.completions_per_question,

@@ -1,24 +1,26 @@
-"""The generator service: rounds of B questions x L completions from the current policy, published as groups.
+"""The generator service: the node's work items, sampled with the current policy, published as groups.
 
-Each round: wait until the loaded policy may generate it (`sapo.generator.pacing`), draw the round's
-questions from the node's train stream, sample all B x L completions in one backend call, score them
-locally, publish every group to the node's rollout topic and the shared subset to the swarm topic,
-flush. Between rounds (and while waiting) the policy follower applies newly announced weights.
+A node's generator replicas are one consumer group over its work topic (`sapo.generator.work`): each
+replica holds the items of the partitions it is assigned. Its loop: read what arrived, then sample
+every held item the loaded policy may generate (lock-step: exactly the round's version) in one
+backend call, score the groups, publish every group to the node's rollout topic and the shared subset
+to the swarm topic, flush, and only then finish the items' offsets. Items that need a newer policy
+wait while the policy follower loads it; items the swarm has moved past (lock-step, an older round)
+are dropped and counted.
 
 Delivery semantics:
-- Stateless: nothing is stored locally. On start the generator reads the compacted policy topic from
-  the beginning, loads the newest version and resumes at round = that version, so a restart continues
-  where the node is. The round's questions (stream positions round * B + i) and sampling seed are
-  derived from (node seed, round), so a regenerated round asks the same questions.
-- Groups get a fresh UUID every time they are generated. Downstream dedupe by group id absorbs
-  redelivery of the same message; a regenerated round is new data, not a duplicate.
-- At-least-once publish: the idempotent producer (acks=all) retries, and each round ends with a
-  bounded flush before the next one starts. A round in flight when the process dies is generated again
-  after the restart (lock-step resumes at the announced version, which is that round; async resumes up
-  to max_ahead rounds earlier), so nothing is lost, but a sampler may see a round's questions twice
-  and must bound what it takes per round.
-- A group's policy_version is the version loaded when its batch started; weights are never swapped
-  inside a batch, so one group never mixes versions.
+- Stateless: on start a replica reads the compacted policy topic, loads the newest version, then
+  consumes work from the group's committed offsets.
+- At-least-once: an item's offset is committed only after its group was acknowledged by the broker. A
+  replica that dies holding items leaves them uncommitted; after the rebalance another replica samples
+  them again. Question, seeds and group id are functions of (node, round, position), so the group is
+  the same (the same id; the same completions given the same weights) and the sampler keeps one copy.
+- A delivery that fails or does not finish within `flush_timeout_s` raises `DeliveryError` and the
+  process exits before committing: the restart samples the items again (same ids).
+- Adding or removing a replica is a rebalance: items of a revoked partition are dropped unfinished and
+  the partition's new owner samples them.
+- A group's policy_version is the version loaded when its backend call started; weights are never
+  swapped inside a call, so one group never mixes versions.
 """
 
 from __future__ import annotations
@@ -30,11 +32,21 @@ from collections.abc import Callable, Sequence
 from typing import Self
 
 from sapo.backends import GenerationBackend
-from sapo.generator import generate_round
+from sapo.generator import Item, generate_items
 from sapo.generator.settings import GeneratorSettings
 from sapo.generator.sharing import scored_rewards
 from sapo.identity import IdentityError
-from sapo.kafka import Publisher
+from sapo.kafka import (
+    ConsumerClient,
+    ConsumerLoop,
+    DeadLetters,
+    DeliveryError,
+    Disposition,
+    Publisher,
+    Record,
+    TransportMetrics,
+)
+from sapo.kafka.records import TopicPartition
 from sapo.lifecycle import StopFlag
 from sapo.node.build import build_backend, model_shapes, round_source
 from sapo.node.metrics import GeneratorMetrics
@@ -44,13 +56,14 @@ from sapo.runtime import Runtime
 from sapo.settings import ConfigError
 from sapo.tasks import TaskStream
 from sapo.topics import TopicNames
-from sapo.v1 import rollout_pb2
-from sapo.wire import HeaderSigner, rollout_headers
+from sapo.v1 import rollout_pb2, work_pb2
+from sapo.wire import HeaderSigner, InvalidMessageError, decode, rollout_headers, validate_work_item
 
 log = logging.getLogger(__name__)
 
 MODEL_LOADED = "model_loaded"
 _WAIT_POLL_S = 0.5
+_DRAIN = 4096
 _WARN_EVERY_S = 60.0
 
 
@@ -63,12 +76,15 @@ class GeneratorService:
         backend: GenerationBackend,
         follower: PolicyFollower,
         *,
+        work_client: ConsumerClient,
         publisher: Publisher,
         swarm_publisher: Publisher,
         topics: TopicNames,
         metrics: GeneratorMetrics,
+        transport: TransportMetrics,
         health: Health,
         stop: StopFlag,
+        dead_letters: DeadLetters | None = None,
         signer: HeaderSigner | None = None,
     ) -> None:
         self._settings = settings
@@ -80,12 +96,25 @@ class GeneratorService:
         self._metrics = metrics
         self._health = health
         self._stop = stop
-        self._pacing = settings.pacing()
         self._source = round_source(settings, backend.tokenizer)
         self._stream = TaskStream(settings.task_profile(), self._source.node_seed, "train")
         self._signer = signer
-        self.round = 0
-        """The next round to generate."""
+        self._held: dict[tuple[int, int], tuple[Item, Record]] = {}
+        self.work = ConsumerLoop(
+            work_client,
+            [topics.work],
+            self._hold,
+            stop=stop,
+            metrics=transport,
+            dead_letters=dead_letters,
+            stream_of=lambda _topic: "work",
+            on_assign=self._assigned,
+            on_revoke=self._revoked,
+            poll_timeout_s=0.0,
+            max_payload_bytes=settings.max_payload_bytes,
+        )
+        self.generated = 0
+        """Groups generated and acknowledged by the broker since start."""
 
     @classmethod
     def from_runtime(cls, settings: GeneratorSettings, runtime: Runtime) -> Self:
@@ -108,7 +137,7 @@ class GeneratorService:
             transport=runtime.transport,
             health=runtime.health,
             stop=runtime.stop,
-            max_message_bytes=settings.max_message_bytes,
+            max_payload_bytes=settings.max_payload_bytes,
             catchup_idle_s=settings.policy_catchup_idle_s,
             reload=settings.reload_policy(),
             dead_letters=runtime.dead_letters,
@@ -118,12 +147,15 @@ class GeneratorService:
             settings,
             backend,
             follower,
+            work_client=runtime.consumer("generator"),
             publisher=runtime.publisher,
             swarm_publisher=runtime.swarm_publisher,
             topics=runtime.topics,
             metrics=metrics,
+            transport=runtime.transport,
             health=runtime.health,
             stop=runtime.stop,
+            dead_letters=runtime.dead_letters,
             signer=signer,
         )
 
@@ -133,62 +165,125 @@ class GeneratorService:
         return self._backend
 
     def run(self, until: Callable[[], bool] | None = None) -> int:
-        """Catch up with the policy topic, then generate rounds; returns how many were generated."""
-        done = 0
+        """Catch up with the policy topic, then sample work items until stopped (or `until()`); returns
+        how many groups were published."""
         self._follower.open()
         try:
             if not self._follower.catch_up():
                 return 0
-            self.round = self._follower.announced
-            while (round_ := self._await_policy(self.round, until)) is not None:
-                self.run_round(round_)
-                self.round = round_ + 1
-                done += 1
+            self.work.open()
+            warned = time.monotonic()
+            while not self._stop.is_set() and not (until is not None and until()):
+                self._health.beat()
+                self._read_work()
+                self._follower.poll(0.0)
+                if self.step():
+                    warned = time.monotonic()
+                    continue
+                if self._held and time.monotonic() - warned > _WARN_EVERY_S:
+                    warned = time.monotonic()
+                    self._log_waiting()
+                self._follower.poll(_WAIT_POLL_S)
         finally:
-            self._follower.close()
-        log.info("generator stopped after %d rounds (next round %d)", done, self.round)
-        return done
+            self.close()
+        log.info("generator stopped after %d groups", self.generated)
+        return self.generated
 
     def close(self) -> None:
-        """Leave the policy topic's consumer group (`run` already did unless it was never started)."""
-        self._follower.close()
+        """Commit finished work and leave the work and policy consumer groups (idempotent)."""
+        try:
+            self.work.close()
+        finally:
+            self._follower.close()
 
-    def _halted(self, round_: int, until: Callable[[], bool] | None) -> bool:
-        return self._stop.is_set() or self._pacing.finished(round_) or (until is not None and until())
+    def step(self) -> bool:
+        """Sample the held items the loaded policy may generate (up to `max_batch_items`), publish their
+        groups and finish the items; drop obsolete ones. True when a backend call ran."""
+        loaded = self._follower.loaded
+        ready: list[tuple[Item, Record]] = []
+        for slot, (item, record) in list(self._held.items()):
+            fate = item.fate(loaded)
+            if fate == "obsolete":
+                log.info("dropped obsolete item round %d/%d (loaded v%d)", item.round, item.position, loaded)
+                self._metrics.work_items.labels("obsolete").inc()
+                del self._held[slot]
+                self.work.finish(record)
+            elif fate == "ready" and len(ready) < self._settings.max_batch_items:
+                ready.append((item, record))
+        self._metrics.work_held.set(len(self._held))
+        if not ready:
+            return False
+        ready.sort(key=lambda pair: (pair[0].round, pair[0].position))
+        self.generate([item for item, _ in ready])
+        for item, record in ready:
+            self._held.pop((item.round, item.position), None)
+            self.work.finish(record)
+        self.work.commit()
+        return True
 
-    def _await_policy(self, round_: int, until: Callable[[], bool] | None) -> int | None:
-        """The round to generate next once the loaded policy allows it; None when the loop should end."""
-        self._follower.poll(0.0)
-        warned = time.monotonic()
-        while True:
-            self._health.beat()
-            round_ = self._pacing.align(round_, self._follower.loaded)
-            if self._halted(round_, until):
-                return None
-            if self._pacing.may_generate(round_, self._follower.loaded):
-                return round_
-            if time.monotonic() - warned > _WARN_EVERY_S:
-                warned = time.monotonic()
-                log.info(
-                    "round %d waits for policy v%d (loaded v%d, announced v%d)",
-                    round_,
-                    self._pacing.required_version(round_),
-                    self._follower.loaded,
-                    self._follower.announced,
-                )
-            self._follower.poll(_WAIT_POLL_S)
-
-    def run_round(self, round_: int) -> list[rollout_pb2.RolloutGroup]:
-        """Generate, score, publish and flush one round with the currently loaded weights."""
+    def generate(self, items: Sequence[Item]) -> list[rollout_pb2.RolloutGroup]:
+        """Sample, score, publish and flush the groups of `items` with the currently loaded weights."""
         version = self._backend.model_version
-        generated = generate_round(self._backend, self._stream, self._source, round_, version)
+        generated = generate_items(self._backend, self._stream, self._source, items, version)
         groups, seconds = generated.groups, generated.generate_seconds
         shared = self._publish(groups)
-        self._observe(round_, groups, seconds, shared)
+        self.generated += len(groups)
+        self._observe(groups, seconds, shared)
+        rounds = sorted({item.round for item in items})
         log.info(
-            "round %d: %d groups (%d shared) with v%d in %.1fs", round_, len(groups), shared, version, seconds
+            "rounds %s: %d groups (%d shared) with v%d in %.1fs",
+            rounds,
+            len(groups),
+            shared,
+            version,
+            seconds,
         )
         return groups
+
+    def _read_work(self) -> None:
+        """Take every work item already fetched (bounded), without waiting."""
+        for _ in range(_DRAIN):
+            if not self.work.step(0.0):
+                break
+
+    def _hold(self, record: Record) -> Disposition:
+        message = decode(work_pb2.WorkItem, record.value, self._settings.max_payload_bytes)
+        problem = validate_work_item(message)
+        if problem is not None:
+            raise InvalidMessageError(problem)
+        if message.node_id != self._settings.node_id:
+            raise InvalidMessageError(
+                "wrong_node", f"work for {message.node_id!r} on {self._settings.node_id}'s topic"
+            )
+        item = Item.from_proto(message)
+        slot = (item.round, item.position)
+        if slot in self._held:  # the same item again (planned twice): one sample does for both
+            self._metrics.work_items.labels("duplicate").inc()
+            return Disposition.DONE
+        self._held[slot] = (item, record)
+        return Disposition.HELD
+
+    def _assigned(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        self._metrics.work_partitions.set(len(self.work.assigned))
+        return {}
+
+    def _revoked(self, tps: list[TopicPartition]) -> None:
+        """Items of partitions that moved to another replica: dropped unfinished, sampled there."""
+        gone = set(tps)
+        for slot, (_, record) in list(self._held.items()):
+            if record.tp in gone:
+                del self._held[slot]
+        self._metrics.work_partitions.set(len(self.work.assigned.difference(tps)))
+
+    def _log_waiting(self) -> None:
+        needed = min(item.min_version for item, _ in self._held.values())
+        log.info(
+            "%d work items wait for policy v%d (loaded v%d, announced v%d)",
+            len(self._held),
+            needed,
+            self._follower.loaded,
+            self._follower.announced,
+        )
 
     def _publish(self, groups: Sequence[rollout_pb2.RolloutGroup]) -> int:
         """Send every group to the private topic and the shared ones to the swarm; flush both."""
@@ -202,18 +297,19 @@ class GeneratorService:
             if settings.shares(group):
                 self._swarm_publisher.send(self._topics.swarm_rollouts, key, value, headers)
                 shared += 1
-        self._publisher.flush(settings.flush_timeout_s)
+        unsent = self._publisher.flush(settings.flush_timeout_s)
         if self._swarm_publisher is not self._publisher:
-            self._swarm_publisher.flush(settings.flush_timeout_s)
+            unsent += self._swarm_publisher.flush(settings.flush_timeout_s)
+        if unsent:  # exit before committing the items: the restart samples them again (same ids)
+            raise DeliveryError(f"{unsent} groups unacknowledged after {settings.flush_timeout_s} s")
         return shared
 
-    def _observe(
-        self, round_: int, groups: Sequence[rollout_pb2.RolloutGroup], seconds: float, shared: int
-    ) -> None:
+    def _observe(self, groups: Sequence[rollout_pb2.RolloutGroup], seconds: float, shared: int) -> None:
         metrics = self._metrics
         metrics.generate_seconds.observe(seconds)
-        metrics.round.set(round_)
+        metrics.round.set(max(g.round for g in groups))
         metrics.groups_shared.inc(shared)
+        metrics.work_items.labels("generated").inc(len(groups))
         for group in groups:
             task = group.question.task
             metrics.groups.labels(task).inc()

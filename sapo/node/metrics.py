@@ -19,6 +19,7 @@ from sapo.trainer import RowMode, StepReport
 
 # --- generator ---
 
+WORK_OUTCOMES = ("generated", "obsolete", "duplicate")
 LOAD_FAILURE_REASONS = (
     "digest_mismatch",
     "missing",
@@ -78,7 +79,7 @@ class GeneratorMetrics:
             ["reason"],
             registry=registry,
         )
-        self.round = Gauge(f"{p}_round", "Round generated most recently.", registry=registry)
+        self.round = Gauge(f"{p}_round", "Highest round this replica generated so far.", registry=registry)
         self.weight_load_seconds = Histogram(
             f"{p}_weight_load_seconds",
             "Time from picking up a PolicyUpdate to the weights being swapped in (verify, read, copy).",
@@ -94,8 +95,27 @@ class GeneratorMetrics:
         for task in tasks:
             self.groups.labels(task)
             self.reward.labels(task)
+        self.work_items = Counter(
+            f"{p}_work_items_total",
+            "Work items by outcome: generated (group acknowledged), obsolete (the swarm moved past the "
+            "round), duplicate (the same item held twice).",
+            ["outcome"],
+            registry=registry,
+        )
+        self.work_held = Gauge(
+            f"{p}_work_held_items",
+            "Work items this replica holds, waiting for their policy.",
+            registry=registry,
+        )
+        self.work_partitions = Gauge(
+            f"{p}_work_partitions",
+            "Work topic partitions assigned to this replica (0: more replicas than partitions, it idles).",
+            registry=registry,
+        )
         for reason in LOAD_FAILURE_REASONS:
             self.weight_load_failures.labels(reason)
+        for outcome in WORK_OUTCOMES:
+            self.work_items.labels(outcome)
         for reason in RETRY_REASONS:
             self.weight_load_retries.labels(reason)
 
@@ -184,6 +204,7 @@ class TrainerMetrics:
             return Counter(f"{P}_{name}", doc, labels, registry=registry)
 
         self.steps = counter("steps", "Optimizer steps applied (several per batch with steps_per_batch > 1).")
+        self.planned_round = gauge("planned_round", "Highest round whose work items were published.")
         self.skipped_updates = counter(
             "nonfinite_updates", "Optimizer steps not applied because the gradient norm was not finite."
         )

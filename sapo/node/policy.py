@@ -83,7 +83,7 @@ class PolicyFollower:
         transport: TransportMetrics,
         health: Health,
         stop: StopFlag,
-        max_message_bytes: int,
+        max_payload_bytes: int,
         catchup_idle_s: float,
         reload: ReloadPolicy,
         dead_letters: DeadLetters | None = None,
@@ -99,6 +99,7 @@ class PolicyFollower:
             dead_letters=dead_letters,
             stream_of=lambda _topic: "policy",
             poll_timeout_s=poll_timeout_s,
+            max_payload_bytes=max_payload_bytes,
         )
         self._topic = topic
         self._node_id = node_id
@@ -106,11 +107,12 @@ class PolicyFollower:
         self._metrics = metrics
         self._health = health
         self._stop = stop
-        self._max_bytes = max_message_bytes
+        self._max_bytes = max_payload_bytes
         self._catchup_idle_s = catchup_idle_s
         self._shapes = shapes
         self._reload = reload
         self._pending: policy_pb2.PolicyUpdate | None = None
+        self._epoch = 0
         self._retry: tuple[policy_pb2.PolicyUpdate, Retry] | None = None
         self._behind = False
         self.announced = backend.model_version
@@ -169,6 +171,11 @@ class PolicyFollower:
             raise InvalidMessageError(
                 "foreign_node", f"update for {update.node_id!r} on {self._node_id}'s topic"
             )
+        if update.epoch < self._epoch:  # written by a trainer another one fenced out (sapo.node.lease)
+            raise InvalidMessageError(
+                "fenced_update", f"v{update.version} of trainer epoch {update.epoch} < {self._epoch}"
+            )
+        self._epoch = update.epoch
         self.announced = max(self.announced, update.version)
         self._metrics.announced_version.set(self.announced)
         if update.version > self.loaded and (self._pending is None or update.version > self._pending.version):

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 
 from sapo.kafka import ConsumerClient, TransportError
+from sapo.kafka.chunks import Reassembler
 from sapo.kafka.records import TopicPartition
 from sapo.lifecycle import StopFlag
 from sapo.sampler import History, HistoryBuilder
@@ -40,6 +41,7 @@ def read_history(
     """The history of `topic`; None when `stop` was set first (the caller must not consume then).
     Raises TransportError when the topic was not assigned or not read within `timeout_s`."""
     builder = HistoryBuilder(node_id)
+    chunks = Reassembler(max_bytes, 2 * max_bytes)
     assigned: list[TopicPartition] = []
 
     def on_assign(tps: list[TopicPartition]) -> dict[TopicPartition, int]:
@@ -73,10 +75,20 @@ def read_history(
                     )
                     return history
                 continue
+            batch = chunks.add(record)  # a large batch arrives in chunks (sapo.kafka.chunks)
+            for incomplete in chunks.take_dropped():
+                log.warning(
+                    "%d chunk(s) of a batch could not be reassembled: %s",
+                    len(incomplete.parts),
+                    incomplete.reason,
+                )
+                builder.add_undecodable(incomplete.parts[0].key)
+            if batch is None:
+                continue
             try:
-                builder.add(decode(batch_pb2.TrainingBatch, record.value, max_bytes))
+                builder.add(decode(batch_pb2.TrainingBatch, batch.value, max_bytes))
             except InvalidMessageError:
-                builder.add_undecodable(record.key)
+                builder.add_undecodable(batch.key)
     finally:
         client.close()
     return None

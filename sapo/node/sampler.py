@@ -43,6 +43,7 @@ from sapo.kafka.records import TopicPartition
 from sapo.lifecycle import StopFlag
 from sapo.node.build import build_sampler_core
 from sapo.node.identity import IdentityGate, IdentityMetrics, KeysFollower
+from sapo.node.lease import Lease, node_lease
 from sapo.node.metrics import SamplerMetrics
 from sapo.node.recovery import read_history
 from sapo.ops import Health
@@ -90,10 +91,12 @@ class SamplerService:
         stop: StopFlag,
         dead_letters: DeadLetters | None,
         identity: IdentityGate | None = None,
+        lease: Lease | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._settings = settings
         self._identity = identity
+        self._lease = lease
         self._topics = topics
         self._publisher = publisher
         self._metrics = metrics
@@ -116,6 +119,7 @@ class SamplerService:
                 stream_of=lambda _topic: origin,
                 on_revoke=self._revoked,
                 poll_timeout_s=0.0,
+                max_payload_bytes=settings.max_payload_bytes,
             )
 
         self.local = loop(local_client, topics.rollouts, "local")
@@ -123,14 +127,18 @@ class SamplerService:
 
     @classmethod
     def from_runtime(cls, settings: SamplerSettings, runtime: Runtime) -> Self | None:
-        """Recover the history from the batch topic, then wire the service; None if stopped meanwhile."""
+        """Take the node's sampler lease (a standby waits), recover the history from the batch topic,
+        then wire the service; None if stopped meanwhile."""
         runtime.health.require("partitions_assigned", "recovered")
+        lease = node_lease(runtime, settings, SERVICE)
+        if not lease.acquire():  # recovery reads the batch topic only once no other sampler writes it
+            return None
         identity = identity_gate(runtime, settings)
         history = read_history(
             runtime.consumer("sampler-recovery", per_process=True),
             runtime.topics.batches,
             settings.node_id,
-            max_bytes=settings.max_message_bytes * (settings.local_groups + settings.external_groups),
+            max_bytes=settings.max_payload_bytes,
             idle_s=settings.recovery_idle_s,
             timeout_s=settings.recovery_timeout_s,
             stop=runtime.stop,
@@ -160,6 +168,7 @@ class SamplerService:
             stop=runtime.stop,
             dead_letters=runtime.dead_letters,
             identity=identity,
+            lease=lease,
         )
 
     @property
@@ -178,6 +187,8 @@ class SamplerService:
         """One poll of each stream, then emit every due batch; True when a record was read."""
         if self._identity is not None:
             self._identity.poll()
+        if self._lease is not None:
+            self._lease.check()
         got = self.local.step(0.0)
         got = self.swarm.step(0.0) or got
         self._emit_due()
@@ -198,6 +209,8 @@ class SamplerService:
             self.swarm.close()
             if self._identity is not None:
                 self._identity.close()
+            if self._lease is not None:
+                self._lease.release()
 
     def _prefilter(self, origin: Origin, record: Record) -> str | None:
         self._metrics.consumed.labels(origin).inc()
@@ -224,7 +237,7 @@ class SamplerService:
         sender = sender_of(record.headers, record.value, origin, node_id=node, store=gate, now_s=now)
         if isinstance(sender, str):
             return sender
-        group = parse(record.value, self._settings.max_message_bytes, record.headers)
+        group = parse(record.value, self._settings.max_payload_bytes, record.headers)
         return self.core.admit(group, origin, record, now, sender)
 
     def _emit_due(self) -> None:
@@ -236,6 +249,9 @@ class SamplerService:
         entries = assembly.entries
         positions = [(e.handle.topic, e.handle.partition, e.handle.offset) for e in entries]
         batch = self.core.build(assembly, positions, now_timestamp())
+        if self._lease is not None:
+            self._lease.check(before_write=True)  # a fenced sampler stops here, before it writes
+            batch.epoch = self._lease.epoch
         value = batch.SerializeToString()
         headers = message_headers("TrainingBatch", node, value)
         key = batch.batch_id.encode()

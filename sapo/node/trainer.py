@@ -40,7 +40,9 @@ from sapo.kafka import (
 from sapo.kafka.records import TopicPartition
 from sapo.lifecycle import StopFlag
 from sapo.node.build import build_trainer
+from sapo.node.lease import Lease, node_lease
 from sapo.node.metrics import TrainerMetrics
+from sapo.node.planner import WorkPlanner
 from sapo.ops import Health
 from sapo.runtime import Runtime
 from sapo.topics import TopicNames
@@ -82,10 +84,12 @@ class TrainerService:
         transport: TransportMetrics,
         stop: StopFlag,
         dead_letters: DeadLetters | None = None,
+        lease: Lease | None = None,
         poll_timeout_s: float = 1.0,
     ) -> None:
         self.settings = settings
         self.trainer = trainer
+        self.lease = lease
         self.publisher = publisher
         self.topics = topics
         self.health = health
@@ -103,18 +107,34 @@ class TrainerService:
             on_assign=self.on_assign,
             on_revoke=self.on_revoke,
             poll_timeout_s=poll_timeout_s,
+            max_payload_bytes=settings.max_payload_bytes,
         )
         self._held: list[Record] = []
         self._announced = -1
         self._published = -1
         self._stored = True  # whether the published version is in the store (a full state needs it)
         self._last_report: StepReport | None = None
+        self._batch_epoch = 0  # the highest sampler epoch seen: a lower one is a fenced sampler's
+        epoch = lease.epoch if lease is not None else 0
+        self.planner = WorkPlanner(
+            publisher,
+            topics.work,
+            settings.node_id,
+            per_round=settings.questions_per_round,
+            pacing=settings.pacing(),
+            flush_timeout_s=settings.announce_timeout_s,
+            epoch=epoch,
+        )
         health.require(*READY_CONDITIONS)
         health.set_max_silence(settings.step_max_silence_s)  # model loading and resume come first
 
     @classmethod
-    def from_runtime(cls, settings: TrainerSettings, runtime: Runtime) -> Self:
-        """Load the model, resume (or write version 0) and announce it: ready to consume."""
+    def from_runtime(cls, settings: TrainerSettings, runtime: Runtime) -> Self | None:
+        """Take the node's trainer lease (a standby waits), load the model, resume (or write version 0)
+        and announce it: ready to consume. None when stopped while waiting for the lease."""
+        lease = node_lease(runtime, settings, SERVICE)
+        if not lease.acquire():  # resume reads the store only once no other trainer writes it
+            return None
         runtime.health.set_max_silence(settings.step_max_silence_s)  # the first model load can be slow
         service = cls(
             settings,
@@ -127,6 +147,7 @@ class TrainerService:
             transport=runtime.transport,
             stop=runtime.stop,
             dead_letters=runtime.dead_letters,
+            lease=lease,
         )
         service.start()
         return service
@@ -165,11 +186,23 @@ class TrainerService:
             self.loop.close()
 
     def close(self) -> None:
-        """Leave the batch topic's group (`run` already did unless it was never started)."""
-        self.loop.close()
+        """Leave the batch topic's group (`run` already did unless it was never started) and give the
+        lease up, so a standby takes over at once."""
+        try:
+            self.loop.close()
+        finally:
+            if self.lease is not None:
+                self.lease.release()
 
     def handle(self, record: Record) -> Disposition:
-        batch = checked_batch(record, self.settings.node_id, self.settings.max_message_bytes)
+        batch = checked_batch(record, self.settings.node_id, self.settings.max_payload_bytes)
+        if batch.epoch < self._batch_epoch:
+            raise InvalidMessageError(
+                "fenced_batch", f"batch {batch.batch_id} of sampler epoch {batch.epoch} < {self._batch_epoch}"
+            )
+        self._batch_epoch = batch.epoch
+        if self.lease is not None:
+            self.lease.check()
         if self.trainer.is_duplicate(batch):
             log.info("batch %s (sequence %d) already trained; skipped", batch.batch_id, batch.sequence)
             self.metrics.batches.labels("duplicate").inc()
@@ -207,6 +240,8 @@ class TrainerService:
     def _checkpoint_and_release(self, *, final: bool = False) -> None:
         """Publish and announce unpublished steps; write the full state when due (or `final`), and only
         then finish the held records and commit their offsets."""
+        if self.lease is not None:
+            self.lease.check(before_write=True)  # a fenced trainer stops here, before it writes
         if self.trainer.version > self._published:
             started = time.perf_counter()
             published = self.trainer.publish()
@@ -239,6 +274,8 @@ class TrainerService:
 
     def on_idle(self) -> None:
         self.health.beat()
+        if self.lease is not None:
+            self.lease.check()
         if self.trainer.version > self._published:
             with self._busy():  # a lock-step sampler waits for this version before it sends the next batch
                 self._checkpoint_and_release()
@@ -266,12 +303,15 @@ class TrainerService:
             manifest_sha256=written.manifest_sha256,
             created_at=created,
             batch_id=str(manifest.meta.get("batch_id", "")),
+            epoch=self.lease.epoch if self.lease is not None else 0,
         )
         report = self._last_report
         if report is not None and report.version == manifest.version:
             update.metrics.CopyFrom(step_metrics(report))
         value = update.SerializeToString()
         node = self.settings.node_id
+        if self.lease is not None:
+            self.lease.check(before_write=True)
         self.publisher.send_sync(
             self.topics.policy,
             node.encode(),
@@ -282,6 +322,9 @@ class TrainerService:
         self._announced = manifest.version
         self.metrics.announced_version.set(manifest.version)
         log.info("announced version %d: %s", manifest.version, written.manifest_uri)
+        planned = self.planner.plan(manifest.version)
+        if planned:
+            self.metrics.planned_round.set(planned.stop - 1)
 
     def _log_step(self, report: StepReport) -> None:
         stats = report.stats

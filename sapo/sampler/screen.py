@@ -126,7 +126,7 @@ class ScreenConfig:
 
     node_id: str
     accepted_tasks: frozenset[str] | None  # None: every task verify_question can re-derive
-    max_message_bytes: int
+    max_payload_bytes: int
     max_external_age_s: float
     max_policy_lag: int
     advantage_scale: AdvantageScale

@@ -23,11 +23,11 @@ from sapo.sampler import (
     SelectionPolicy,
     VerifyMode,
 )
-from sapo.settings import RoundSettings, ServiceSettings
+from sapo.settings import LeaseSettings, RoundSettings, ServiceSettings
 from sapo.tasks.datasets import UNSAFE_VERIFIERS, is_known_dataset
 
 
-class SamplerSettings(ServiceSettings, RoundSettings):
+class SamplerSettings(ServiceSettings, RoundSettings, LeaseSettings):
     """Settings of one node's sampler (a singleton per node: it owns the batch sequence)."""
 
     model_config = SettingsConfigDict(
@@ -190,7 +190,7 @@ class SamplerSettings(ServiceSettings, RoundSettings):
         return ScreenConfig(
             node_id=self.node_id,
             accepted_tasks=self.accepted_tasks,
-            max_message_bytes=self.max_message_bytes,
+            max_payload_bytes=self.max_payload_bytes,
             max_external_age_s=self.max_external_age_s,
             max_policy_lag=self.max_policy_lag,
             advantage_scale=self.advantage_scale,

@@ -9,7 +9,8 @@ call, so it serves as the baseline of the pipeline-overhead benchmark and as a q
 - Per node, one model: `sapo.node.build.build_trainer` loads it, and the sampling backend wraps
   that very model object (no checkpoint round trip), so round r is sampled with the weights of version
   r, which is what lock-step pacing guarantees the generator service.
-- Per round r: every node generates round r (`sapo.generator.generate_round`); then every node's
+- Per round r: every node generates round r's work items (`sapo.generator.generate_items`, as the
+  trainer would plan them); then every node's
   `SamplerCore` (the sampler service's own) admits its own groups as "local" and the other nodes'
   shared ones (`GeneratorSettings.shares`) as "external", closes round r and builds the
   `TrainingBatch`, which the node's trainer applies (`Trainer.apply`).
@@ -47,7 +48,7 @@ from typing import TextIO
 
 from sapo.backends import GenerationBackend, TransformersBackend
 from sapo.checkpoints import Written
-from sapo.generator import Pacing, RoundSource, generate_round
+from sapo.generator import Pacing, RoundSource, generate_items, round_items
 from sapo.generator.settings import BackendKind, DType
 from sapo.identity import Sender
 from sapo.lifecycle import StopFlag, install_signal_handlers
@@ -76,11 +77,11 @@ def shared_backend(trainer: Trainer) -> GenerationBackend:
 
 def check_inprocess(node: NodeSpec, s: NodeSettings) -> None:
     """Refuse what one shared fp32 model and lock-step rounds cannot reproduce; say what to set."""
-    modes = {"generator": str(s.generator.round_mode), "sampler": str(s.sampler.round_mode)}
+    modes = {"trainer": str(s.trainer.round_mode), "sampler": str(s.sampler.round_mode)}
     if set(modes.values()) != {"lockstep"}:
         raise ConfigError(
             f"node {node.id}: the in-process mode runs lock-step rounds only (round modes {modes}): set "
-            "round_mode: lockstep (or leave it unset) and no generator/sampler round_mode override, or "
+            "round_mode: lockstep (or leave it unset) and no trainer/sampler round_mode override, or "
             "run `sapo swarm`"
         )
     g, t = s.generator, s.trainer
@@ -159,7 +160,7 @@ class Node:
         self.backend = make_backend(self.trainer)
         self.source: RoundSource = round_source(settings.generator, self.backend.tokenizer)
         self.stream = TaskStream(settings.generator.task_profile(), self.source.node_seed, "train")
-        self.pacing: Pacing = settings.generator.pacing()
+        self.pacing: Pacing = settings.trainer.pacing()
         self.sampler = LockstepSampler(settings.sampler)
 
     @property
@@ -167,10 +168,13 @@ class Node:
         return self.spec.id
 
     def generate(self, round_: int) -> list[rollout_pb2.RolloutGroup]:
+        """Round `round_`'s items, as the trainer would plan them, sampled with the current weights."""
         version = self.trainer.version
-        if not self.pacing.may_generate(round_, version):
+        per_round = self.settings.trainer.questions_per_round
+        items = round_items(self.id, round_, per_round, self.pacing)
+        if any(item.fate(version) != "ready" for item in items):
             raise RuntimeError(f"{self.id}: round {round_} with policy v{version} breaks lock-step")
-        return generate_round(self.backend, self.stream, self.source, round_, version).groups
+        return generate_items(self.backend, self.stream, self.source, items, version).groups
 
     def shared(self, groups: list[rollout_pb2.RolloutGroup]) -> list[rollout_pb2.RolloutGroup]:
         return [g for g in groups if self.settings.generator.shares(g)]

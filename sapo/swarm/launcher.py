@@ -34,10 +34,16 @@ STOP_GRACE_S = 60.0
 @dataclass
 class ServiceProcess:
     node: str
-    service: str
+    service: Service
+    replica: int
     port_file: Path
     log_path: Path
     proc: subprocess.Popen[bytes]
+
+    @property
+    def name(self) -> str:
+        """`node-a-trainer`, or `node-a-generator-1` for a node with several generator replicas."""
+        return f"{self.node}-{self.service}" + (f"-{self.replica}" if self.replica else "")
 
     @property
     def metrics_url(self) -> str | None:
@@ -101,22 +107,23 @@ class Swarm:
             self.run_dir,
             group=f"{self.manifest.name}.recorder",
             questions_per_round={
-                n.id: resolve(self.manifest, n, self.checkpoints).generator.questions_per_round
+                n.id: resolve(self.manifest, n, self.checkpoints).sampler.questions_per_round
                 for n in self.manifest.nodes
             },
         )
         for node in self.manifest.nodes:
             for service in START_ORDER:
-                self.processes.append(self._spawn(node, service))
+                replicas = node.generator_replicas if service == "generator" else 1
+                self.processes += [self.spawn(node, service, r) for r in range(replicas)]
 
     def _consumer_config(self) -> dict[str, str]:
         profile = ConsumerProfile.local() if self.broker is not None else ConsumerProfile()
         return {"bootstrap.servers": self.bootstrap} | profile.to_librdkafka()
 
-    def _common_env(self, node: NodeSpec, service: Service, port_file: Path) -> dict[str, str]:
+    def _common_env(self, node: NodeSpec, service: Service, name: str, port_file: Path) -> dict[str, str]:
         values: dict[str, Any] = {
             "node_id": node.id,
-            "kafka": {"bootstrap_servers": self.bootstrap, "client_id": f"{node.id}-{service}"},
+            "kafka": {"bootstrap_servers": self.bootstrap, "client_id": name},
             "topic_prefix": self.manifest.topic_prefix,
             "http_host": "127.0.0.1",
             "http_port": 0,
@@ -127,11 +134,13 @@ class Swarm:
             values["consumer"] = ConsumerProfile.local().model_dump()
         return flatten_env(service, values)
 
-    def _spawn(self, node: NodeSpec, service: Service) -> ServiceProcess:
-        port_file = self.run_dir / "ports" / f"{node.id}-{service}"
+    def spawn(self, node: NodeSpec, service: Service, replica: int = 0) -> ServiceProcess:
+        """Start one service process of a node (a restart of one that died, too)."""
+        name = f"{node.id}-{service}" + (f"-{replica}" if replica else "")
+        port_file = self.run_dir / "ports" / name
         port_file.unlink(missing_ok=True)
         env = dict(os.environ)
-        env |= self._common_env(node, service, port_file)
+        env |= self._common_env(node, service, name, port_file)
         values = service_values(node, service, sharing_peers(self.manifest, node))
         if service == "trainer":
             values["checkpoint_root"] = str(self.checkpoints)
@@ -139,7 +148,7 @@ class Swarm:
         env["PYTHONUNBUFFERED"] = "1"
         # Many processes share few cores: torch's default thread pool per process oversubscribes them.
         env.setdefault("OMP_NUM_THREADS", "1")
-        log_path = self.run_dir / "logs" / f"{node.id}-{service}.log"
+        log_path = self.run_dir / "logs" / f"{name}.log"
         with log_path.open("ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", f"services.{service}.main"],
@@ -148,7 +157,7 @@ class Swarm:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        return ServiceProcess(node.id, service, port_file, log_path, proc)
+        return ServiceProcess(node.id, service, replica, port_file, log_path, proc)
 
     def failed(self) -> list[ServiceProcess]:
         """Processes that exited with an error while the swarm was meant to be running."""

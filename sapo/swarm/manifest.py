@@ -25,8 +25,8 @@ from typing import Any, Final, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from sapo.generator.pacing import PacingMode
 from sapo.generator.settings import GeneratorSettings
+from sapo.generator.work import PacingMode
 from sapo.sampler.assembler import RoundMode
 from sapo.sampler.settings import SamplerSettings
 from sapo.settings import ConfigError, ConsumerProfile, ServiceSettings, load_settings
@@ -45,13 +45,13 @@ SHORT_KEYS: Final[dict[str, tuple[tuple[Service, str], ...]]] = {
     "model": (("generator", "model"), ("trainer", "model")),
     "seed": (("generator", "node_seed"), ("sampler", "seed"), ("trainer", "seed")),
     "profile": (("generator", "profile"),),
-    "questions_per_round": (("generator", "questions_per_round"), ("sampler", "questions_per_round")),
+    "questions_per_round": (("sampler", "questions_per_round"), ("trainer", "questions_per_round")),
     "completions_per_question": (("generator", "completions_per_question"),),
     "local_groups": (("sampler", "local_groups"),),
     "external_groups": (("sampler", "external_groups"),),
     "sharing": (("generator", "sharing"),),
-    "round_mode": (("sampler", "round_mode"), ("generator", "round_mode")),
-    "rounds": (("generator", "rounds"),),
+    "round_mode": (("sampler", "round_mode"), ("trainer", "round_mode")),
+    "rounds": (("trainer", "rounds"),),
     "max_new_tokens": (("generator", "max_new_tokens"),),
     "learning_rate": (("trainer", "lr"),),
 }
@@ -74,6 +74,12 @@ class NodeSpec(BaseModel):
     rounds: int = Field(
         ..., gt=0, description="Rounds the node runs: a local swarm ends when every node has trained them."
     )
+    generator_replicas: int = Field(
+        1,
+        ge=1,
+        description="Generator processes of the node, sharing its work (a launcher setting: at most the "
+        "work topic's partitions do work, sapo.topics.WORK_PARTITIONS by default).",
+    )
     model: str | None = Field(None, description=_doc("model"))
     seed: int | None = Field(None, description=_doc("seed"))
     profile: str | None = Field(None, description=_doc("profile"))
@@ -83,7 +89,7 @@ class NodeSpec(BaseModel):
     external_groups: int | None = Field(None, description=_doc("external_groups"))
     sharing: str | None = Field(None, description=_doc("sharing"))
     round_mode: RoundMode | None = Field(
-        None, description=_doc("round_mode") + "; the generator paces lockstep, or async for the others"
+        None, description=_doc("round_mode") + "; the trainer plans lockstep rounds, or async for the others"
     )
     max_new_tokens: int | None = Field(None, description=_doc("max_new_tokens"))
     learning_rate: float | None = Field(None, description=_doc("learning_rate"))
@@ -125,7 +131,7 @@ def service_values(node: NodeSpec, service: Service, peers: int) -> dict[str, An
         for target_service, field in targets:
             if value is None or target_service != service:
                 continue
-            if key == "round_mode" and service == "generator":
+            if key == "round_mode" and service == "trainer":  # the trainer plans rounds: its pacing
                 value = PacingMode.LOCKSTEP if value == RoundMode.LOCKSTEP else PacingMode.ASYNC
             values[field] = value
     if service == "sampler":

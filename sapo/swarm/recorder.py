@@ -41,7 +41,7 @@ class SwarmRecorder:
         self.latest: dict[str, int] = {}
         self._policy_topics = set(policy_topics)
         self._per_round = dict(questions_per_round)
-        self._open_rounds: dict[tuple[str, int], list[rollout_pb2.RolloutGroup]] = defaultdict(list)
+        self._open_rounds: dict[tuple[str, int], dict[str, rollout_pb2.RolloutGroup]] = defaultdict(dict)
         self._closed_rounds: set[tuple[str, int]] = set()
         self._loop = ConsumerLoop(
             KafkaConsumerClient(consumer_config, group),
@@ -72,16 +72,17 @@ class SwarmRecorder:
     def _on_group(self, group: rollout_pb2.RolloutGroup) -> None:
         key = (group.node_id, group.round)
         if key in self._closed_rounds:
-            return  # the round was generated again after a generator restart: the first one counts
+            return  # a question of the round sampled again (a replica died): the first one counts
         groups = self._open_rounds[key]
-        groups.append(group)
+        groups.setdefault(group.group_id, group)  # the same item twice is the same group id
         if len(groups) >= self._per_round.get(group.node_id, 1):
             self._close_round(key)
 
     def _close_round(self, key: tuple[str, int]) -> None:
         groups = self._open_rounds.pop(key)
         self._closed_rounds.add(key)
-        append_row(self.run_dir / ROUNDS_DIR / f"{key[0]}.jsonl", round_row(groups))
+        ordered = sorted(groups.values(), key=lambda g: g.position)
+        append_row(self.run_dir / ROUNDS_DIR / f"{key[0]}.jsonl", round_row(ordered))
 
     def drain(self, max_records: int = 1000) -> None:
         """Handle whatever has arrived, without blocking."""

@@ -5,25 +5,27 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from sapo.lifecycle import StopFlag, install_signal_handlers
 from sapo.swarm.launcher import Swarm
 from sapo.swarm.manifest import SwarmManifest
-from sapo.swarm.progress import NodeStatus, render, scrape
+from sapo.swarm.progress import NodeStatus, Samples, render, scrape
 from sapo.swarm.summary import print_summary, summarize
 
 
-def _statuses(swarm: Swarm, last: dict[tuple[str, str], Any]) -> list[NodeStatus]:
-    """Current metrics per node; a service that already finished (a generator past its last round)
-    keeps showing its final numbers."""
-    by_node: dict[str, dict[str, Any]] = {}
+def _statuses(swarm: Swarm, last: dict[str, Samples]) -> list[NodeStatus]:
+    """Current metrics per node (generator replicas added up); a service that already finished keeps
+    showing its final numbers."""
+    by_node: dict[str, dict[str, Samples]] = {}
     for p in swarm.processes:
         url = p.metrics_url
         samples = scrape(url) if url else {}
         if samples:
-            last[(p.node, p.service)] = samples
-        by_node.setdefault(p.node, {})[p.service] = last.get((p.node, p.service), {})
+            last[p.name] = samples
+        merged = by_node.setdefault(p.node, {}).setdefault(p.service, {})
+        for metric, values in last.get(p.name, {}).items():
+            merged.setdefault(metric, []).extend(values)
     return [
         NodeStatus.read(node, m.get("generator", {}), m.get("sampler", {}), m.get("trainer", {}))
         for node, m in by_node.items()
@@ -52,7 +54,7 @@ def run_swarm(
         swarm.start()
         out.write(f"broker {swarm.bootstrap}; logs in {run_dir / 'logs'}\n")
         last_print = 0.0
-        last_samples: dict[tuple[str, str], Any] = {}
+        last_samples: dict[str, Samples] = {}
         while not stop.is_set():
             if swarm.recorder is not None:
                 swarm.recorder.drain()
@@ -66,7 +68,7 @@ def run_swarm(
             failed = swarm.failed()
             if failed:
                 for p in failed:
-                    out.write(f"\n{p.node}/{p.service} exited with {p.proc.returncode}; log tail:\n")
+                    out.write(f"\n{p.name} exited with {p.proc.returncode}; log tail:\n")
                     out.write(_log_tail(p.log_path) + "\n")
                 code = 1
                 break

@@ -12,14 +12,15 @@ from typing import Literal, Self
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from sapo.generator.work import PacingSettings
 from sapo.grpo import DEFAULT_LOSS_CONFIG as PAPER_LOSS
 from sapo.grpo import LossConfig
 from sapo.models.settings import ModelSettings
-from sapo.settings import ServiceSettings
+from sapo.settings import LeaseSettings, RoundSettings, ServiceSettings
 from sapo.trainer import OptimConfig, StepConfig
 
 
-class TrainerSettings(ServiceSettings, ModelSettings):
+class TrainerSettings(ServiceSettings, ModelSettings, RoundSettings, PacingSettings, LeaseSettings):
     """Configuration of one node's trainer (one replica per node: it owns the node's checkpoints)."""
 
     model_config = SettingsConfigDict(

@@ -45,7 +45,7 @@ class OffsetRange(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., first: _Optional[int] = ..., last: _Optional[int] = ...) -> None: ...
 
 class TrainingBatch(_message.Message):
-    __slots__ = ("schema_version", "batch_id", "node_id", "sequence", "target_policy_version", "groups", "offsets", "created_at", "round")
+    __slots__ = ("schema_version", "batch_id", "node_id", "sequence", "target_policy_version", "groups", "offsets", "created_at", "round", "epoch")
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,7 @@ class TrainingBatch(_message.Message):
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     schema_version: int
     batch_id: str
     node_id: str
@@ -64,4 +65,5 @@ class TrainingBatch(_message.Message):
     offsets: _containers.RepeatedCompositeFieldContainer[OffsetRange]
     created_at: _timestamp_pb2.Timestamp
     round: int
-    def __init__(self, schema_version: _Optional[int] = ..., batch_id: _Optional[str] = ..., node_id: _Optional[str] = ..., sequence: _Optional[int] = ..., target_policy_version: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[BatchGroup, _Mapping]]] = ..., offsets: _Optional[_Iterable[_Union[OffsetRange, _Mapping]]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., round: _Optional[int] = ...) -> None: ...
+    epoch: int
+    def __init__(self, schema_version: _Optional[int] = ..., batch_id: _Optional[str] = ..., node_id: _Optional[str] = ..., sequence: _Optional[int] = ..., target_policy_version: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[BatchGroup, _Mapping]]] = ..., offsets: _Optional[_Iterable[_Union[OffsetRange, _Mapping]]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., round: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...

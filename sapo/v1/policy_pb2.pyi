@@ -31,7 +31,7 @@ class StepMetrics(_message.Message):
     def __init__(self, loss: _Optional[float] = ..., reward_mean: _Optional[float] = ..., local_reward_mean: _Optional[float] = ..., clip_fraction_low: _Optional[float] = ..., clip_fraction_high: _Optional[float] = ..., grad_norm: _Optional[float] = ..., entropy: _Optional[float] = ..., completion_tokens: _Optional[int] = ..., step_seconds: _Optional[float] = ...) -> None: ...
 
 class PolicyUpdate(_message.Message):
-    __slots__ = ("schema_version", "node_id", "version", "manifest_uri", "manifest_sha256", "created_at", "metrics", "batch_id")
+    __slots__ = ("schema_version", "node_id", "version", "manifest_uri", "manifest_sha256", "created_at", "metrics", "batch_id", "epoch")
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -40,6 +40,7 @@ class PolicyUpdate(_message.Message):
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     schema_version: int
     node_id: str
     version: int
@@ -48,4 +49,5 @@ class PolicyUpdate(_message.Message):
     created_at: _timestamp_pb2.Timestamp
     metrics: StepMetrics
     batch_id: str
-    def __init__(self, schema_version: _Optional[int] = ..., node_id: _Optional[str] = ..., version: _Optional[int] = ..., manifest_uri: _Optional[str] = ..., manifest_sha256: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., metrics: _Optional[_Union[StepMetrics, _Mapping]] = ..., batch_id: _Optional[str] = ...) -> None: ...
+    epoch: int
+    def __init__(self, schema_version: _Optional[int] = ..., node_id: _Optional[str] = ..., version: _Optional[int] = ..., manifest_uri: _Optional[str] = ..., manifest_sha256: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., metrics: _Optional[_Union[StepMetrics, _Mapping]] = ..., batch_id: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...

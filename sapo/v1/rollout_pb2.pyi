@@ -55,7 +55,7 @@ class Completion(_message.Message):
     def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., reward: _Optional[float] = ..., error: _Optional[str] = ...) -> None: ...
 
 class RolloutGroup(_message.Message):
-    __slots__ = ("schema_version", "group_id", "node_id", "question", "completions", "model_id", "tokenizer_fingerprint", "policy_version", "sampling", "created_at", "completed_at", "round", "prompt_token_ids", "generate_seconds")
+    __slots__ = ("schema_version", "group_id", "node_id", "question", "completions", "model_id", "tokenizer_fingerprint", "policy_version", "sampling", "created_at", "completed_at", "round", "prompt_token_ids", "generate_seconds", "position")
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -70,6 +70,7 @@ class RolloutGroup(_message.Message):
     ROUND_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     GENERATE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
     schema_version: int
     group_id: str
     node_id: str
@@ -84,4 +85,5 @@ class RolloutGroup(_message.Message):
     round: int
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     generate_seconds: float
-    def __init__(self, schema_version: _Optional[int] = ..., group_id: _Optional[str] = ..., node_id: _Optional[str] = ..., question: _Optional[_Union[_question_pb2.Question, _Mapping]] = ..., completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., model_id: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., policy_version: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., completed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., round: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., generate_seconds: _Optional[float] = ...) -> None: ...
+    position: int
+    def __init__(self, schema_version: _Optional[int] = ..., group_id: _Optional[str] = ..., node_id: _Optional[str] = ..., question: _Optional[_Union[_question_pb2.Question, _Mapping]] = ..., completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., model_id: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., policy_version: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., completed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., round: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., generate_seconds: _Optional[float] = ..., position: _Optional[int] = ...) -> None: ...

@@ -37,7 +37,7 @@ def test_manifest_short_keys_target_declared_settings_and_cover_the_node_spec() 
     for key, targets in SHORT_KEYS.items():
         for service, field in targets:
             assert field in SETTINGS[service].model_fields, f"manifest key {key} -> {service}.{field}"
-    own = {"id", "generator", "sampler", "trainer"}
+    own = {"id", "generator", "sampler", "trainer", "generator_replicas"}
     assert set(NodeSpec.model_fields) - own == set(SHORT_KEYS), "a manifest key without a settings target"
 
 

@@ -20,9 +20,11 @@ from prometheus_client import CollectorRegistry
 
 from sapo import wire
 from sapo.generator.settings import GeneratorSettings
+from sapo.generator.work import PacingSettings
 from sapo.kafka import ConsumerLoop, Disposition, KafkaPublisher, Record, TransportMetrics
 from sapo.lifecycle import StopFlag
 from sapo.node.generator import GeneratorService
+from sapo.node.planner import WorkPlanner
 from sapo.runtime import Runtime, start_runtime
 from sapo.settings import ConsumerProfile, KafkaConnection
 from sapo.topics import TopicNames, ensure_topics
@@ -71,12 +73,22 @@ def generator_settings(
         "log_format": "text",
         "model": "tiny:0",
         "node_seed": 21,
-        "questions_per_round": 1,
         "completions_per_question": 2,
         "max_new_tokens": 6,
         "policy_catchup_idle_s": 1.0,
     }
     return GeneratorSettings(**(values | overrides))
+
+
+def plan_work(
+    bootstrap: str, prefix: str, node_id: str, version: int, per_round: int = 1, **pacing: Any
+) -> None:
+    """Publish the work items a node's trainer publishes once `version` exists (planned from `version`
+    on, as a trainer starting there would)."""
+    publisher = KafkaPublisher({"bootstrap.servers": bootstrap})
+    topic = TopicNames.for_node(node_id, prefix).work
+    plan = PacingSettings(**pacing).pacing()
+    WorkPlanner(publisher, topic, node_id, per_round=per_round, pacing=plan, flush_timeout_s=30).plan(version)
 
 
 def create_node_topics(bootstrap: str, prefix: str, *node_ids: str) -> None:

@@ -99,7 +99,7 @@ def test_sapo_topics_creates_once_then_reports_existing(
     argv = ["topics", "--bootstrap", kafka_bootstrap, "--prefix", topic_prefix, "--node", "a", "--node", "b"]
     assert main(argv) == 0
     first = capsys.readouterr().out.splitlines()
-    assert len(first) == 10  # two shared swarm topics (rollouts, keys) + 4 per node
+    assert len(first) == 14  # two shared swarm topics (rollouts, keys) + 6 per node
     assert all(line.startswith("created ") for line in first)
     assert f"created {topic_prefix}.swarm.rollouts" in first
 

@@ -22,6 +22,9 @@ from tests.unit.generator.harness import flip_byte, policy_update
 from tests.unit.trainer import builders as b
 
 pytestmark = pytest.mark.integration
+TAKEN_OVER = 10**6
+"""The lease epoch of the test's hand-written announcements: a trainer that took over from the real one
+(generators refuse an update of an epoch lower than one they have seen)."""
 
 
 class Probe:
@@ -66,7 +69,6 @@ def test_trainer_publishes_to_s3_and_a_generator_reloads_retries_and_rejects(
         generator_log,
         {
             "NODE_ID": ts.NODE,
-            "QUESTIONS_PER_ROUND": "1",
             "COMPLETIONS_PER_QUESTION": "2",
             "MAX_NEW_TOKENS": "2",
             "HTTP_PORT_FILE": str(port_file),
@@ -98,7 +100,7 @@ def test_trainer_publishes_to_s3_and_a_generator_reloads_retries_and_rejects(
         manifest = late.directory / MANIFEST
         data = storage.read_bytes(manifest)
         manifest.fs.rm_file(manifest.path)
-        announce(kafka_bootstrap, topics.policy, ts.NODE, policy_update(late, ts.NODE, 3))
+        announce(kafka_bootstrap, topics.policy, ts.NODE, policy_update(late, ts.NODE, 3, epoch=TAKEN_OVER))
         retries = "sapo_generator_weight_load_retries_total"
         ts.wait_for(lambda: (probe.metric(retries, {"reason": "missing"}) or 0) >= 1, 60, "a retry", 0.2)
         assert probe.ready() == 503  # behind the announced version
@@ -110,12 +112,16 @@ def test_trainer_publishes_to_s3_and_a_generator_reloads_retries_and_rejects(
         # Version 4 is corrupt: rejected once, counted, not retried; version 5 loads.
         corrupt = publish(4)
         flip_byte(corrupt)
-        announce(kafka_bootstrap, topics.policy, ts.NODE, policy_update(corrupt, ts.NODE, 4))
+        announce(
+            kafka_bootstrap, topics.policy, ts.NODE, policy_update(corrupt, ts.NODE, 4, epoch=TAKEN_OVER)
+        )
         failures = "sapo_generator_weight_load_failures_total"
         rejected = {"reason": "digest_mismatch"}
         ts.wait_for(lambda: probe.metric(failures, rejected) == 1, 60, "the rejection", 0.2)
         assert probe.metric(version) == 3 and probe.ready() == 503
-        announce(kafka_bootstrap, topics.policy, ts.NODE, policy_update(publish(5), ts.NODE, 5))
+        announce(
+            kafka_bootstrap, topics.policy, ts.NODE, policy_update(publish(5), ts.NODE, 5, epoch=TAKEN_OVER)
+        )
         ts.wait_for(lambda: probe.metric(version) == 5, 60, "version 5", 0.2)
         assert probe.ready() == 200
         assert probe.metric(failures, rejected) == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -29,6 +30,7 @@ from tests.integration.generator_helpers import (
     create_node_topics,
     generator_settings,
     launch_generator,
+    plan_work,
     wait_until,
 )
 from tests.unit.generator.harness import flip_byte, policy_update, write_checkpoint
@@ -37,6 +39,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = {"node-a": NodeKey.generate(), "node-b": NodeKey.generate()}
 FAILURES = "sapo_generator_weight_load_failures_total"
+OBSOLETE = "sapo_generator_work_items_total"
 REDERIVE = """
 import json, sys
 from sapo.tasks import Provenance, rederive
@@ -58,12 +61,8 @@ def _launch(bootstrap: str, prefix: str, node_id: str, node_seed: int, log: Path
     settings = {
         "NODE_ID": node_id,
         "NODE_SEED": str(node_seed),
-        "QUESTIONS_PER_ROUND": "2",
         "COMPLETIONS_PER_QUESTION": "3",
         "MAX_NEW_TOKENS": "6",
-        "ROUND_MODE": "async",
-        "MAX_AHEAD": "1",
-        "ROUNDS": "2",
         "POLICY_CATCHUP_IDLE_S": "1",
         "IDENTITY__PRIVATE_KEY_FILE": str(key_file),
     }
@@ -109,6 +108,8 @@ def test_two_nodes_publish_verifiable_groups_with_different_questions(
 ) -> None:
     create_node_topics(kafka_bootstrap, topic_prefix, "node-a", "node-b")
     seeds = {"node-a": 101, "node-b": 202}
+    for node in seeds:  # what each node's trainer plans at version 0: async rounds 0 and 1
+        plan_work(kafka_bootstrap, topic_prefix, node, 0, 2, round_mode="async", max_ahead=1, rounds=2)
     topics = {node: TopicNames.for_node(node, topic_prefix).rollouts for node in seeds}
     swarm_topic = f"{topic_prefix}.swarm.rollouts"
     collector = GroupCollector(kafka_bootstrap, f"{topic_prefix}.collector", swarm_topic, *topics.values())
@@ -121,12 +122,8 @@ def test_two_nodes_publish_verifiable_groups_with_different_questions(
             topic_prefix,
             "node-b",
             node_seed=seeds["node-b"],
-            questions_per_round=2,
             completions_per_question=3,
             identity={"private_key": KEYS["node-b"].pem().decode()},
-            round_mode="async",
-            max_ahead=1,
-            rounds=2,
         )
         with ThreadedGenerator(node_b):
             collector.wait_for(16, timeout_s=90)  # per node: 2 rounds x 2 questions, private + swarm
@@ -158,6 +155,7 @@ def test_two_nodes_publish_verifiable_groups_with_different_questions(
             for node, groups in private.items()
         }
         assert provenance["node-a"].isdisjoint(provenance["node-b"])
+        process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0, f"node-a failed:\n{log.read_text()[-3000:]}"
     finally:
         process.kill()  # no-op once it exited
@@ -173,11 +171,11 @@ def _regenerate(
         num_samples=len(group.completions),
         temperature=s.temperature,
         top_p=s.top_p,
-        seed=s.seed,
         stop=tuple(s.stop),
     )
     backend = TransformersBackend(build_tiny_model(tokenizer, seed=seed), tokenizer)
-    return [list(sample.token_ids) for sample in backend.generate([list(group.prompt_token_ids)], config)[0]]
+    [samples] = backend.generate([list(group.prompt_token_ids)], config, seeds=[s.seed])
+    return [list(sample.token_ids) for sample in samples]
 
 
 def _tokens(group: rollout_pb2.RolloutGroup) -> list[list[int]]:
@@ -190,6 +188,7 @@ def test_a_published_policy_update_swaps_weights_without_restart(
     create_node_topics(kafka_bootstrap, topic_prefix, "node-a")
     names = TopicNames.for_node("node-a", topic_prefix)
     collector = GroupCollector(kafka_bootstrap, f"{topic_prefix}.collector", names.rollouts)
+    plan_work(kafka_bootstrap, topic_prefix, "node-a", 0)
     with ThreadedGenerator(generator_settings(kafka_bootstrap, topic_prefix)) as gen:
         (first,) = collector.wait_for(1)
         assert (first.round, first.policy_version) == (0, 0)
@@ -198,6 +197,7 @@ def test_a_published_policy_update_swaps_weights_without_restart(
         trained = build_tiny_model(tokenizer, seed=1).state_dict()  # same shape, other weights
         written = write_checkpoint(tmp_path, "node-a", 1, trained)
         announce(kafka_bootstrap, names.policy, "node-a", policy_update(written, "node-a", 1))
+        plan_work(kafka_bootstrap, topic_prefix, "node-a", 1)
         second = collector.wait_for(2)[1]
         assert (second.round, second.policy_version) == (1, 1)
         # Same prompt and sampling seed: the new weights' output, not the old one's.
@@ -222,7 +222,8 @@ def test_a_corrupt_checkpoint_is_rejected_reported_and_not_loaded(
             flip_byte(written)
         announce(kafka_bootstrap, names.policy, "node-a", policy_update(written, "node-a", version, sha256))
 
-    publish(1)  # announced before start: a (re)starting generator loads it and resumes at round 1
+    publish(1)  # announced before start: a (re)starting generator loads it
+    plan_work(kafka_bootstrap, topic_prefix, "node-a", 1)
     collector = GroupCollector(kafka_bootstrap, f"{topic_prefix}.collector", names.rollouts)
     with ThreadedGenerator(generator_settings(kafka_bootstrap, topic_prefix)) as gen:
         (first,) = collector.wait_for(1)
@@ -230,6 +231,7 @@ def test_a_corrupt_checkpoint_is_rejected_reported_and_not_loaded(
         assert gen.readyz()[0] == 200
 
         publish(2, flip=True)
+        plan_work(kafka_bootstrap, topic_prefix, "node-a", 2)  # round 2 waits for a v2 that never loads
         wait_until(lambda: gen.metric(FAILURES, {"reason": "digest_mismatch"}) == 1, 30, "rejection of v2")
         status, body = gen.readyz()
         assert status == 503 and "weights_ok" in body
@@ -240,8 +242,10 @@ def test_a_corrupt_checkpoint_is_rejected_reported_and_not_loaded(
         assert len(collector.groups) == 1  # lockstep: nothing generated with the wrong version
 
         publish(4)
+        plan_work(kafka_bootstrap, topic_prefix, "node-a", 4)
         second = collector.wait_for(2)[1]
         assert (second.round, second.policy_version) == (4, 4)
+        wait_until(lambda: gen.metric(OBSOLETE, {"outcome": "obsolete"}) == 1, 30, "round 2 dropped")
         assert gen.readyz()[0] == 200
         assert gen.metric("sapo_generator_policy_version") == 4
     collector.close()

@@ -134,7 +134,7 @@ def test_lockstep_batches_from_three_peers_with_every_kind_of_bad_input(
         external_groups=3,
         expected_peers=3,
         max_per_source=1,
-        max_message_bytes=64 * 1024,
+        max_payload_bytes=64 * 1024,
         recovery_idle_s=1.0,
         lockstep_timeout_s=30.0,  # rounds close because every peer arrived, never on the timeout
     )
@@ -240,6 +240,7 @@ def _sampler_env(bootstrap: str, prefix: str) -> dict[str, str]:
         "EXTERNAL_GROUPS": "2",
         "MAX_PER_SOURCE": "2",
         "RECOVERY_IDLE_S": "1.5",
+        "LEASE_TTL_S": "4",  # a SIGKILLed sampler's lease expires soon: the restart takes it over
     }
     return os.environ | {"PYTHONPATH": str(ROOT)} | {f"SAPO_SAMPLER_{k}": v for k, v in env.items()}
 

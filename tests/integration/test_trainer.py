@@ -49,6 +49,7 @@ def test_batches_through_the_broker_raise_rewarded_and_lower_penalised_completio
     runtime = start_runtime("trainer", settings, install_signals=False)
     try:
         service = TrainerService.from_runtime(settings, runtime)
+        assert service is not None
         readiness: set[tuple[str, ...]] = set()
 
         def done() -> bool:

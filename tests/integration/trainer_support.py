@@ -11,9 +11,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from sapo import wire
 from sapo.kafka import Disposition, KafkaPublisher, Record
-from sapo.topics import TopicNames
+from sapo.topics import TopicNames, ensure_topics
 from sapo.v1 import batch_pb2, policy_pb2, question_pb2
-from tests.integration.kafka_helpers import create_topics, make_loop
+from tests.integration.kafka_helpers import make_loop
 from tests.unit.trainer import builders as b
 
 NODE = "node-a"
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def node_topics(bootstrap: str, prefix: str) -> TopicNames:
     topics = TopicNames.for_node(NODE, prefix)
-    create_topics(bootstrap, topics.batches, topics.policy, topics.dlq)
+    ensure_topics({"bootstrap.servers": bootstrap}, topics.specs(), timeout_s=30)
     return topics
 
 
@@ -87,6 +87,8 @@ def trainer_env(bootstrap: str, prefix: str, root: Path) -> dict[str, str]:
         "SAPO_TRAINER_HTTP_HOST": "127.0.0.1",
         "SAPO_TRAINER_HTTP_PORT": "0",
         "SAPO_TRAINER_LOG_FORMAT": "text",
+        # A SIGKILLed trainer's lease is taken over once it expires: keep the restart tests short.
+        "SAPO_TRAINER_LEASE_TTL_S": "4",
     }
 
 

@@ -7,7 +7,14 @@ import dataclasses
 import pytest
 
 from sapo.cli import main
-from sapo.topics import TopicNames, TopicSpec, ensure_topics, validate_node_id, validate_topic_name
+from sapo.topics import (
+    WORK_PARTITIONS,
+    TopicNames,
+    TopicSpec,
+    ensure_topics,
+    validate_node_id,
+    validate_topic_name,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -37,14 +44,17 @@ def test_single_names_can_be_overridden_but_stay_validated() -> None:
 def test_specs_compact_the_single_partition_policy_and_keys_topics() -> None:
     names = TopicNames.for_node("n1")
     specs = {spec.name: spec for spec in names.specs(partitions=4, replication_factor=3)}
-    assert len(specs) == 6
+    assert len(specs) == 7
     assert names.swarm_keys == "sapo.swarm.keys"
     for compacted in (names.policy, names.swarm_keys):
         assert specs[compacted].config == {"cleanup.policy": "compact"}
         assert specs[compacted].partitions == 1
-        assert specs[compacted].replication_factor == 3
-    others = [spec for name, spec in specs.items() if name not in (names.policy, names.swarm_keys)]
-    assert all(s.partitions == 4 and s.replication_factor == 3 and not s.config for s in others)
+    assert specs[names.batches].partitions == 1  # batches are steps: trained in order
+    assert specs[names.work].partitions == WORK_PARTITIONS
+    assert all(s.replication_factor == 3 for s in specs.values())
+    fixed = (names.policy, names.swarm_keys, names.batches, names.work)
+    others = [spec for name, spec in specs.items() if name not in fixed]
+    assert all(s.partitions == 4 and not s.config for s in others)
 
 
 @pytest.mark.parametrize("node_id", ["a", "node-0", "0", "x" * 48, "gpu-box-3"])

@@ -12,7 +12,8 @@ from safetensors.torch import load_file, save_file
 from transformers import PreTrainedTokenizerBase
 
 from sapo.backends import GenerationBackend, SamplingConfig, VLLMBackend
-from sapo.backends.vllm import WeightLoaderExtension, derive_seed
+from sapo.backends.base import derive_seed
+from sapo.backends.vllm import WeightLoaderExtension
 
 pytestmark = pytest.mark.unit
 
@@ -192,7 +193,6 @@ def test_worker_extension_streams_named_tensors(tmp_path: Path) -> None:
 
 
 def test_derived_seeds_are_stable_and_distinct() -> None:
-    assert derive_seed(None, 3) is None
     assert derive_seed(1, 0) == derive_seed(1, 0)
     seeds = {derive_seed(s, i) for s in range(4) for i in range(4)}
-    assert len(seeds) == 16 and all(0 <= s < 2**63 for s in seeds if s is not None)
+    assert len(seeds) == 16 and all(0 <= s < 2**63 for s in seeds)

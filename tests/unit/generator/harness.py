@@ -16,12 +16,14 @@ from sapo.backends import GenerationBackend, Sample, SamplingConfig, WeightsSour
 from sapo.checkpoints import CheckpointStore, Written
 from sapo.generator import ReloadPolicy
 from sapo.generator.settings import GeneratorSettings
+from sapo.generator.work import PacingMode, PacingSettings
 from sapo.kafka import DeadLetters, Publisher, TransportMetrics
 from sapo.kafka.memory import MemoryBus, MemoryConsumerClient, MemoryPublisher
 from sapo.lifecycle import StopFlag
 from sapo.node.build import model_shapes
 from sapo.node.generator import GeneratorService
 from sapo.node.metrics import GeneratorMetrics
+from sapo.node.planner import WorkPlanner
 from sapo.node.policy import PolicyFollower
 from sapo.ops import Health
 from sapo.storage import Location
@@ -55,7 +57,9 @@ class ScriptedBackend:
     def model_version(self) -> int:
         return self._version
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingConfig) -> list[list[Sample]]:
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingConfig, seeds: Sequence[int] | None = None
+    ) -> list[list[Sample]]:
         self.calls.append(([tuple(p) for p in prompts], params, self._version))
         return [[self.script(p, j) for j in range(params.num_samples)] for p in prompts]
 
@@ -69,7 +73,6 @@ def settings(**overrides: Any) -> GeneratorSettings:
         "node_id": "node-a",
         "model": "tiny:0",
         "node_seed": 11,
-        "questions_per_round": 2,
         "completions_per_question": 3,
         "max_new_tokens": 4,
         "policy_catchup_idle_s": 0.05,
@@ -115,7 +118,7 @@ def memory_generator(
         transport=transport,
         health=health,
         stop=stop,
-        max_message_bytes=config.max_message_bytes,
+        max_payload_bytes=config.max_payload_bytes,
         catchup_idle_s=config.policy_catchup_idle_s,
         reload=reload or config.reload_policy(),
         dead_letters=DeadLetters(publisher, topics.dlq, "generator", transport),
@@ -126,18 +129,36 @@ def memory_generator(
         config,
         backend,
         follower,
+        work_client=MemoryConsumerClient(bus, "generator"),
         publisher=publisher,
         swarm_publisher=publisher,
         topics=topics,
         metrics=metrics,
+        transport=transport,
         health=health,
         stop=stop,
+        dead_letters=DeadLetters(publisher, topics.dlq, "generator", transport),
         signer=config.identity.signer(),
     )
     return MemoryGenerator(core, follower, bus, topics, registry, health, stop)
 
 
-def policy_update(written: Written, node_id: str, version: int, sha256: str | None = None) -> bytes:
+def plan(
+    gen: MemoryGenerator, version: int, per_round: int = 2, mode: str = "lockstep", **pacing: int
+) -> None:
+    """Publish the work the node's trainer would once `version` exists (a fresh planner each call:
+    rounds from `version` on, as a trainer starting at that version plans them)."""
+    settings = PacingSettings(round_mode=PacingMode(mode), **pacing)
+    publisher = MemoryPublisher(gen.bus)
+    planner = WorkPlanner(
+        publisher, gen.topics.work, "node-a", per_round=per_round, pacing=settings.pacing(), flush_timeout_s=1
+    )
+    planner.plan(version)
+
+
+def policy_update(
+    written: Written, node_id: str, version: int, sha256: str | None = None, epoch: int = 0
+) -> bytes:
     """The serialized PolicyUpdate a trainer would announce for `written` (optionally a wrong digest)."""
     return policy_pb2.PolicyUpdate(
         schema_version=SCHEMA_VERSION,
@@ -146,6 +167,7 @@ def policy_update(written: Written, node_id: str, version: int, sha256: str | No
         manifest_uri=written.manifest_uri,
         manifest_sha256=sha256 or written.manifest_sha256,
         created_at=now_timestamp(),
+        epoch=epoch,
     ).SerializeToString()
 
 

@@ -1,4 +1,4 @@
-"""Group building: a round's questions and prompts, completions scored locally, failures never scored."""
+"""Group building: work items' questions and prompts, completions scored locally, failures never scored."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from transformers import PreTrainedTokenizerBase
 
 from sapo.backends import Sample, SamplingConfig
 from sapo.convert import question_from_proto
-from sapo.generator import BatchContext, build_group, plan_round, round_seed, to_completion
-from sapo.tasks import ANSWER_PREFILL, EASY_PROFILE, STOP_STRINGS, TaskStream, render_prompt
+from sapo.generator import BatchContext, Item, RoundPrompt, build_group, group_id, item_seed, to_completion
+from sapo.tasks import ANSWER_PREFILL, EASY_PROFILE, STOP_STRINGS, TaskStream, prompt_ids, render_prompt
 from sapo.v1 import rollout_pb2
 from sapo.wire import SCHEMA_VERSION, now_timestamp, validate_rollout_group
 
@@ -21,6 +21,14 @@ def _stream(node_seed: int = 11) -> TaskStream:
     return TaskStream(EASY_PROFILE, node_seed, "train")
 
 
+def _prompts(
+    tokenizer: PreTrainedTokenizerBase, stream: TaskStream, round_: int, per_round: int
+) -> list[RoundPrompt]:
+    """The prompts of a round's items, as `generate_items` builds them."""
+    records = [stream.record_at(round_ * per_round + i) for i in range(per_round)]
+    return [RoundPrompt(r, prompt_ids(tokenizer, r)) for r in records]
+
+
 def _right(answer: str) -> Sample:
     return Sample(
         text=f"{answer}</answer>", token_ids=(5, 6, 2), logprobs=(-0.5, -0.1, -0.2), finish_reason="stop"
@@ -29,7 +37,7 @@ def _right(answer: str) -> Sample:
 
 def test_round_r_asks_stream_positions_r_times_b_onwards(tokenizer: PreTrainedTokenizerBase) -> None:
     stream = _stream()
-    prompts = plan_round(tokenizer, stream, round_=3, per_round=4)
+    prompts = _prompts(tokenizer, stream, round_=3, per_round=4)
     assert [p.record for p in prompts] == [stream.record_at(12 + i) for i in range(4)]
     assert stream.position == 0  # random access: the stream itself does not move
     for p in prompts:
@@ -40,16 +48,10 @@ def test_round_r_asks_stream_positions_r_times_b_onwards(tokenizer: PreTrainedTo
 
 
 def test_nodes_with_different_seeds_get_different_questions(tokenizer: PreTrainedTokenizerBase) -> None:
-    a = [p.record.text for p in plan_round(tokenizer, _stream(1), 0, 8)]
-    b = [p.record.text for p in plan_round(tokenizer, _stream(2), 0, 8)]
+    a = [p.record.text for p in _prompts(tokenizer, _stream(1), 0, 8)]
+    b = [p.record.text for p in _prompts(tokenizer, _stream(2), 0, 8)]
     assert a != b
-    assert a == [p.record.text for p in plan_round(tokenizer, _stream(1), 0, 8)]
-
-
-def test_round_seed_is_reproducible_per_node_and_round() -> None:
-    assert round_seed(1, 0) == round_seed(1, 0)
-    assert len({round_seed(1, 0), round_seed(1, 1), round_seed(2, 0)}) == 3
-    assert 0 <= round_seed(2**63 - 1, 10**9) < 2**63
+    assert a == [p.record.text for p in _prompts(tokenizer, _stream(1), 0, 8)]
 
 
 def test_completions_are_scored_but_failures_carry_no_reward() -> None:
@@ -67,16 +69,18 @@ def test_completions_are_scored_but_failures_carry_no_reward() -> None:
 
 
 def test_group_carries_question_completions_and_provenance(tokenizer: PreTrainedTokenizerBase) -> None:
-    prompt = plan_round(tokenizer, _stream(), 2, 1)[0]
-    sampling = SamplingConfig(max_new_tokens=16, num_samples=3, seed=round_seed(11, 2), stop=STOP_STRINGS)
-    ctx = BatchContext("node-a", "tiny:0", "f" * 64, 2, 2, sampling, now_timestamp(), 1.5)
+    prompt = _prompts(tokenizer, _stream(), 2, 1)[0]
+    sampling = SamplingConfig(max_new_tokens=16, num_samples=3, stop=STOP_STRINGS)
+    ctx = BatchContext("node-a", "tiny:0", "f" * 64, 2, sampling, now_timestamp(), 1.5)
     samples = [_right(prompt.record.answer), Sample("x", (9,), (-3.0,), "length"), Sample.failed("oom")]
-    group = build_group(prompt, samples, ctx)
+    item = Item("node-a", 2, 0, 2, 2, 2)
+    group = build_group(prompt, samples, ctx, item, item_seed(11, 2, 0))
 
     assert validate_rollout_group(group) is None
     uuid.UUID(group.group_id)
     assert group.schema_version == SCHEMA_VERSION
     assert (group.node_id, group.model_id, group.policy_version, group.round) == ("node-a", "tiny:0", 2, 2)
+    assert (group.position, group.group_id) == (0, group_id("node-a", 2, 0))
     assert group.tokenizer_fingerprint == "f" * 64
     assert question_from_proto(group.question) == prompt.record
     assert list(group.prompt_token_ids) == list(prompt.prompt_ids)
@@ -84,8 +88,9 @@ def test_group_carries_question_completions_and_provenance(tokenizer: PreTrained
     assert list(group.completions[0].token_ids) == [5, 6, 2]
     assert list(group.completions[0].logprobs) == pytest.approx([-0.5, -0.1, -0.2])
     s = group.sampling
-    assert (s.temperature, s.top_p, s.max_new_tokens, s.seed) == (1.0, 1.0, 16, round_seed(11, 2))
+    assert (s.temperature, s.top_p, s.max_new_tokens, s.seed) == (1.0, 1.0, 16, item_seed(11, 2, 0))
     assert list(s.stop) == list(STOP_STRINGS)
     assert group.generate_seconds == 1.5
     assert group.created_at.ToDatetime() <= group.completed_at.ToDatetime()
-    assert build_group(prompt, samples, ctx).group_id != group.group_id  # a regeneration is a new group
+    again = build_group(prompt, samples, ctx, item, item_seed(11, 2, 0))
+    assert again.group_id == group.group_id  # an item sampled again is the same group: deduped by id

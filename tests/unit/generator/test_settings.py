@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sapo.generator import PacingMode, SharingPolicy
+from sapo.generator import SharingPolicy
 from sapo.generator.settings import BackendKind, GeneratorSettings
 from sapo.models import BUNDLED_REF
 from sapo.settings import ConfigError, load_settings
@@ -19,29 +19,24 @@ def test_defaults_follow_the_paper(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SAPO_GENERATOR_NODE_ID", "node-3")
     s = load_settings(GeneratorSettings)
     assert s.model == BUNDLED_REF and s.backend is BackendKind.HF
-    assert (s.questions_per_round, s.completions_per_question, s.temperature, s.top_p) == (8, 8, 1.0, 1.0)
+    assert (s.completions_per_question, s.temperature, s.top_p) == (8, 1.0, 1.0)
     assert s.max_new_tokens == 256
-    assert s.sharing is SharingPolicy.ALL and s.round_mode is PacingMode.LOCKSTEP
+    assert s.sharing is SharingPolicy.ALL
     assert s.task_profile() == EASY_PROFILE
-    assert s.pacing().max_ahead == 0
-    assert load_settings(GeneratorSettings, round_mode="async").pacing().max_ahead == 1
 
 
 def test_env_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in {
         "NODE_ID": "node-3",
         "MODEL": "tiny:4",
-        "QUESTIONS_PER_ROUND": "2",
-        "ROUND_MODE": "async",
-        "MAX_AHEAD": "3",
+        "MAX_BATCH_ITEMS": "2",
         "SHARING": "fraction",
         "SHARE_FRACTION": "0.25",
         "PROFILE": "paper",
     }.items():
         monkeypatch.setenv(f"SAPO_GENERATOR_{name}", value)
     s = load_settings(GeneratorSettings)
-    assert (s.model, s.questions_per_round, s.share_fraction) == ("tiny:4", 2, 0.25)
-    assert s.pacing().max_ahead == 3
+    assert (s.model, s.max_batch_items, s.share_fraction) == ("tiny:4", 2, 0.25)
     assert len(s.task_profile()) == 9
 
 
@@ -57,7 +52,6 @@ def test_node_seed_defaults_to_a_stable_function_of_the_node_id() -> None:
     [
         ({"sharing": "fraction"}, "SAPO_GENERATOR_SHARE_FRACTION"),
         ({"share_fraction": 0.5}, "SAPO_GENERATOR_SHARING=fraction"),
-        ({"max_ahead": 2}, "SAPO_GENERATOR_ROUND_MODE=async"),
         ({"backend": "vllm", "model": "tiny:0"}, "SAPO_GENERATOR_BACKEND=hf"),
         ({"backend": "vllm", "model": "warm-bpe:0"}, "SAPO_GENERATOR_BACKEND=hf"),
         ({"backend": "vllm", "model": "tiny-bpe:1"}, "SAPO_GENERATOR_BACKEND=hf"),

@@ -19,7 +19,7 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from sapo.generator import plan_round
+from sapo.generator import RoundPrompt
 from sapo.models import (
     PROJECT_REF_KINDS,
     WarmRecipe,
@@ -52,6 +52,7 @@ from sapo.tasks import (
     SYSTEM_PROMPT,
     TaskStream,
     encode_prompt,
+    prompt_ids,
     render_prompt,
 )
 
@@ -109,7 +110,8 @@ def test_chat_template_renders_the_project_prompt(bpe_tokenizer: PreTrainedToken
 
 
 def test_sft_examples_use_the_generator_prompt_and_end_in_eos(bpe_tokenizer: PreTrainedTokenizerBase) -> None:
-    planned = plan_round(bpe_tokenizer, sft_stream(5), 0, 6)
+    # The prompts as generate_items builds them:
+    planned = [RoundPrompt(r, prompt_ids(bpe_tokenizer, r)) for r in sft_stream(5).take(6)]
     for plan in planned:
         example = sft_example(bpe_tokenizer, plan.record)
         assert example.prompt_ids == plan.prompt_ids

@@ -14,7 +14,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from sapo.backends import Sample, SamplingConfig, TransformersBackend
-from sapo.generator import BatchContext, RoundPrompt, build_group
+from sapo.generator import BatchContext, Item, RoundPrompt, build_group
 from sapo.grpo import pack, policy_logprobs
 from sapo.identity import Sender
 from sapo.models import load_model, tokenizer_fingerprint
@@ -70,9 +70,10 @@ def generated_group(family: str, node: Node, record: QuestionRecord) -> rollout_
         for text in scripted_texts(record)
     ]
     ctx = BatchContext(
-        f"node-{family}", REFS[family], tokenizer_fingerprint(tokenizer), 0, 0, SAMPLING, now_timestamp(), 0.1
+        f"node-{family}", REFS[family], tokenizer_fingerprint(tokenizer), 0, SAMPLING, now_timestamp(), 0.1
     )
-    return build_group(prompt, [*sampled, *scripted], ctx)
+    item = Item(f"node-{family}", 0, 0, 0, 0, 0)
+    return build_group(prompt, [*sampled, *scripted], ctx, item, seed=0)
 
 
 def received(group: rollout_pb2.RolloutGroup, receiver: str) -> Scored:

@@ -16,7 +16,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from sapo.backends import SamplingConfig, TransformersBackend
-from sapo.generator import plan_round
+from sapo.generator import RoundPrompt
 from sapo.models import (
     WarmRecipe,
     build_tiny_model,
@@ -68,7 +68,7 @@ def test_references_parse_into_recipes() -> None:
 
 
 def test_prompts_are_exactly_what_the_generator_feeds(tokenizer: PreTrainedTokenizerBase) -> None:
-    planned = plan_round(tokenizer, sft_stream(5), 0, 12)
+    planned = [RoundPrompt(r, prompt_ids(tokenizer, r)) for r in sft_stream(5).take(12)]  # as generate_items
     examples = [sft_example(tokenizer, record) for record in sft_stream(5).take(12)]
     assert {e.record.task for e in examples} == {spec.name for spec in WARM_PROFILE}
     for plan, example in zip(planned, examples, strict=True):

@@ -1,4 +1,5 @@
-"""The generator loop over the in-memory transport: publishing, sharing, failures, pacing, restarts."""
+"""The generator service over the in-memory transport: work items in, groups out, policy pacing,
+obsolete and duplicate items, failures, and groups that are the same whenever an item is sampled."""
 
 from __future__ import annotations
 
@@ -11,16 +12,17 @@ from transformers import PreTrainedTokenizerBase
 
 from sapo import wire
 from sapo.backends import Sample, TransformersBackend
-from sapo.generator import plan_round
+from sapo.generator import Item, group_id
 from sapo.identity import NodeKey, Sender, TrustStore
 from sapo.models import build_tiny_model
-from sapo.tasks import EASY_PROFILE, TaskStream
+from sapo.tasks import EASY_PROFILE, TaskStream, prompt_ids
 from sapo.v1 import rollout_pb2
 from tests.unit.generator.harness import (
     MemoryGenerator,
     ScriptedBackend,
     flip_byte,
     memory_generator,
+    plan,
     policy_update,
     settings,
     write_checkpoint,
@@ -43,14 +45,16 @@ def _announce(gen: MemoryGenerator, root: Path, version: int, *, corrupt: bool =
     gen.bus.append(gen.topics.policy, b"node-a", policy_update(written, "node-a", version), [])
 
 
-def _run_until_waiting(gen: MemoryGenerator, at_round: int, polls: int = 5) -> None:
-    """Run the loop until it has checked `polls` times whether round `at_round` may start."""
-    checks = 0
+def _run_idle(gen: MemoryGenerator, polls: int = 5) -> None:
+    """Run the loop until it has gone `polls` iterations without new groups."""
+    seen = [-1, 0]
 
     def until() -> bool:
-        nonlocal checks
-        checks += gen.core.round == at_round
-        return checks > polls
+        if gen.core.generated != seen[0]:
+            seen[:] = [gen.core.generated, 0]
+        else:
+            seen[1] += 1
+        return seen[1] > polls
 
     gen.core.run(until)
 
@@ -58,8 +62,9 @@ def _run_until_waiting(gen: MemoryGenerator, at_round: int, polls: int = 5) -> N
 def test_every_group_goes_private_and_only_the_shared_subset_to_the_swarm(
     tokenizer: PreTrainedTokenizerBase,
 ) -> None:
-    prompts = plan_round(tokenizer, TaskStream(EASY_PROFILE, 11, "train"), 0, 4)
-    answerable = {p.prompt_ids: p.record.answer for p in prompts[:2]}
+    stream = TaskStream(EASY_PROFILE, 11, "train")
+    records = [stream.record_at(i) for i in range(4)]
+    answerable = {prompt_ids(tokenizer, r): r.answer for r in records[:2]}
 
     def script(prompt: Sequence[int], index: int) -> Sample:
         answer = answerable.get(tuple(prompt))
@@ -68,14 +73,17 @@ def test_every_group_goes_private_and_only_the_shared_subset_to_the_swarm(
         return wrong_answer(prompt, index)
 
     key = NodeKey.generate()
-    config = settings(questions_per_round=4, sharing="variance", identity={"private_key": key.pem().decode()})
+    config = settings(sharing="variance", identity={"private_key": key.pem().decode()})
     receiver = TrustStore()
     receiver.add("node-a", key.public, "file")
     gen = memory_generator(config, ScriptedBackend(tokenizer, script))
-    assert gen.core.run(until=lambda: gen.core.round >= 1) == 1
+    plan(gen, 0, per_round=4)
+    assert gen.core.run(until=lambda: gen.core.generated >= 4) == 4
 
     private, shared = _groups(gen, gen.topics.rollouts), _groups(gen, SWARM)
-    assert [g.question.text for g in private] == [p.record.text for p in prompts]
+    assert [g.question.text for g in private] == [r.text for r in records]
+    assert [(g.round, g.position) for g in private] == [(0, i) for i in range(4)]
+    assert [g.group_id for g in private] == [group_id("node-a", 0, i) for i in range(4)]
     assert [g.group_id for g in shared] == [g.group_id for g in private[:2]]
     for record in gen.bus.topics[SWARM] + gen.bus.topics[gen.topics.rollouts]:
         assert record.value is not None
@@ -89,7 +97,9 @@ def test_every_group_goes_private_and_only_the_shared_subset_to_the_swarm(
     assert sum(gen.metric("sapo_generator_groups_total", {"task": s.name}) or 0 for s in EASY_PROFILE) == 4
     assert gen.metric("sapo_generator_groups_shared_total") == 2
     assert gen.metric("sapo_generator_tokens_total") == 4 * 3 * 3
-    assert gen.metric("sapo_generator_generate_seconds_count") == 1
+    assert gen.metric("sapo_generator_generate_seconds_count") == 1  # the four items in one call
+    assert gen.metric("sapo_generator_work_items_total", {"outcome": "generated"}) == 4
+    assert gen.bus.committed[("generator", (gen.topics.work, 0))] == 4  # finished after publishing
 
 
 def test_failed_generations_are_published_unscored_and_counted(tokenizer: PreTrainedTokenizerBase) -> None:
@@ -101,90 +111,116 @@ def test_failed_generations_are_published_unscored_and_counted(tokenizer: PreTra
         )
 
     gen = memory_generator(settings(), ScriptedBackend(tokenizer, script))
-    gen.core.run(until=lambda: gen.core.round >= 1)
+    plan(gen, 0)
+    gen.core.run(until=lambda: gen.core.generated >= 2)
     for group in _groups(gen, gen.topics.rollouts):
         assert [c.HasField("reward") for c in group.completions] == [True, False, False]
         assert [c.finish_reason for c in group.completions[1:]] == [rollout_pb2.FINISH_REASON_ERROR] * 2
     assert gen.metric("sapo_generator_completions_failed_total") == 2 * 2
 
     all_failed = memory_generator(settings(), ScriptedBackend(tokenizer, lambda p, i: Sample.failed("oom")))
-    all_failed.core.run(until=lambda: all_failed.core.round >= 1)
+    plan(all_failed, 0)
+    all_failed.core.run(until=lambda: all_failed.core.generated >= 2)
     assert len(all_failed.bus.values(all_failed.topics.rollouts)) == 2
     assert all_failed.bus.values(SWARM) == []  # nobody can train on them: not worth the swarm's bandwidth
 
 
-def test_lockstep_waits_for_the_trainers_version_and_stamps_it(
+def test_lockstep_items_wait_for_their_version_and_are_stamped_with_it(
     tokenizer: PreTrainedTokenizerBase, tmp_path: Path
 ) -> None:
     backend = ScriptedBackend(tokenizer)
     gen = memory_generator(settings(), backend)
+    plan(gen, 0)
+    plan(gen, 1)  # published early: the replica holds round 1 until version 1 is loaded
     waits = 0
 
-    def trainer(at: int = 1) -> bool:
+    def trainer() -> bool:
         nonlocal waits
-        if gen.core.round == at and gen.follower.announced == 0:
+        if gen.core.generated == 2 and gen.follower.announced == 0:
             waits += 1
-            if waits == 5:  # the generator waited: now the trainer announces version 1
+            if waits == 5:
                 assert len(backend.calls) == 1
                 _announce(gen, tmp_path, 1)
-        return gen.core.round >= 2
+        return gen.core.generated >= 4
 
-    assert gen.core.run(trainer) == 2
-    assert [(g.round, g.policy_version) for g in _groups(gen, gen.topics.rollouts)] == [(0, 0)] * 2 + [
-        (1, 1)
-    ] * 2
+    assert gen.core.run(trainer) == 4
+    rounds = [(g.round, g.policy_version) for g in _groups(gen, gen.topics.rollouts)]
+    assert rounds == [(0, 0)] * 2 + [(1, 1)] * 2
     assert [version for _, _, version in backend.calls] == [0, 1]
 
 
-def test_async_runs_at_most_max_ahead_rounds_past_the_loaded_version(
-    tokenizer: PreTrainedTokenizerBase,
-) -> None:
+def test_async_items_run_up_to_max_ahead_versions_ahead(tokenizer: PreTrainedTokenizerBase) -> None:
     backend = ScriptedBackend(tokenizer)
-    gen = memory_generator(settings(round_mode="async", max_ahead=1), backend)
-    _run_until_waiting(gen, at_round=2)
-    assert gen.core.round == 2
-    assert len(backend.calls) == 2  # rounds 0 and 1 with version 0; round 2 needs version 1
+    gen = memory_generator(settings(), backend)
+    plan(gen, 0, mode="async", max_ahead=1, rounds=3)  # rounds 0 and 1 need version 0
+    _run_idle(gen)
+    assert sorted({g.round for g in _groups(gen, gen.topics.rollouts)}) == [0, 1]
+    assert gen.metric("sapo_generator_work_held_items") == 0
 
 
-def test_a_restart_resumes_at_the_latest_announced_version(
+def test_items_the_swarm_moved_past_are_dropped_not_generated(
     tokenizer: PreTrainedTokenizerBase, tmp_path: Path
 ) -> None:
     backend = ScriptedBackend(tokenizer)
     gen = memory_generator(settings(), backend)
-    for version in (1, 2, 3):
-        _announce(gen, tmp_path, version)
-    gen.core.run(until=lambda: gen.core.round >= 4)
-    groups = _groups(gen, gen.topics.rollouts)
-    assert {(g.round, g.policy_version) for g in groups} == {(3, 3)}
-    # Round 3 of a node asks stream positions 6 and 7 (B = 2), whoever generates it.
-    stream = TaskStream(EASY_PROFILE, 11, "train")
-    assert [g.question.text for g in groups] == [stream.record_at(p).text for p in (6, 7)]
+    _announce(gen, tmp_path, 3)
+    plan(gen, 1)  # lock-step round 1 needs exactly version 1: a replica at version 3 drops it
+    plan(gen, 3)
+    _run_idle(gen)
+    assert {(g.round, g.policy_version) for g in _groups(gen, gen.topics.rollouts)} == {(3, 3)}
+    assert gen.metric("sapo_generator_work_items_total", {"outcome": "obsolete"}) == 2
+    assert gen.bus.committed[("generator", (gen.topics.work, 0))] == 4
 
 
-def test_a_latest_version_that_fails_to_load_is_waited_out_not_generated_past(
+def test_an_item_planned_twice_is_sampled_once(tokenizer: PreTrainedTokenizerBase) -> None:
+    backend = ScriptedBackend(tokenizer)
+    gen = memory_generator(settings(), backend)
+    plan(gen, 0)
+    plan(gen, 0)  # a trainer that restarted before it committed its plan publishes round 0 again
+    _run_idle(gen)
+    assert len(_groups(gen, gen.topics.rollouts)) == 2
+    assert gen.metric("sapo_generator_work_items_total", {"outcome": "duplicate"}) == 2
+
+
+def test_a_version_that_fails_to_load_holds_its_items_and_readiness(
     tokenizer: PreTrainedTokenizerBase, tmp_path: Path
 ) -> None:
     backend = ScriptedBackend(tokenizer)
     gen = memory_generator(settings(), backend)
     _announce(gen, tmp_path, 2, corrupt=True)
-    _run_until_waiting(gen, at_round=2)
-    assert backend.calls == []  # not round 0 with version 0: the node is at round 2
+    plan(gen, 2)
+    _run_idle(gen)
+    assert backend.calls == []  # round 2 needs version 2, which did not load
     assert gen.follower.loaded == 0
     assert gen.health.failing() == ["weights_ok"]
+    assert gen.metric("sapo_generator_work_held_items") == 2
 
 
-def test_round_limit_ends_the_run(tokenizer: PreTrainedTokenizerBase) -> None:
-    gen = memory_generator(settings(round_mode="async", max_ahead=5, rounds=3), ScriptedBackend(tokenizer))
-    assert gen.core.run() == 3
-    assert sorted({g.round for g in _groups(gen, gen.topics.rollouts)}) == [0, 1, 2]
+def test_a_malformed_work_item_is_dead_lettered_and_the_rest_is_generated(
+    tokenizer: PreTrainedTokenizerBase,
+) -> None:
+    gen = memory_generator(settings(), ScriptedBackend(tokenizer))
+    gen.bus.append(gen.topics.work, b"x", b"\xff\xff not a work item", [])
+    other = Item("node-b", 0, 0, 0, 0, 0).to_proto().SerializeToString()
+    gen.bus.append(gen.topics.work, b"y", other, [])
+    plan(gen, 0)
+    _run_idle(gen)
+    assert len(_groups(gen, gen.topics.rollouts)) == 2
+    reasons = sorted(r.headers["sapo-dlq-reason"].decode() for r in gen.bus.topics[gen.topics.dlq])
+    assert reasons == ["undecodable", "wrong_node"]
 
 
-def test_a_round_regenerates_identically_with_the_same_weights(tokenizer: PreTrainedTokenizerBase) -> None:
+def test_an_item_yields_the_same_group_whenever_and_with_whatever_it_is_sampled(
+    tokenizer: PreTrainedTokenizerBase,
+) -> None:
     backend = TransformersBackend(build_tiny_model(tokenizer, seed=0), tokenizer)
     gen = memory_generator(settings(), backend)
-    first, again = gen.core.run_round(4), gen.core.run_round(4)
-    assert [g.group_id for g in first] != [g.group_id for g in again]
-    for a, b in zip(first, again, strict=True):
-        assert [list(c.token_ids) for c in a.completions] == [list(c.token_ids) for c in b.completions]
-        assert a.prompt_token_ids == b.prompt_token_ids and a.sampling.seed == b.sampling.seed
-        assert all(len(c.logprobs) == len(c.token_ids) > 0 for c in a.completions)
+    items = [Item("node-a", 4, i, 4 * 2 + i, 0, None) for i in range(2)]
+    together = gen.core.generate(items)
+    alone = gen.core.generate(items[1:])  # another replica, another batch: the same group
+    assert [g.group_id for g in together] == [group_id("node-a", 4, i) for i in range(2)]
+    a, b = together[1], alone[0]
+    assert a.group_id == b.group_id and a.sampling.seed == b.sampling.seed
+    assert a.prompt_token_ids == b.prompt_token_ids
+    assert [list(c.token_ids) for c in a.completions] == [list(c.token_ids) for c in b.completions]
+    assert all(len(c.logprobs) == len(c.token_ids) > 0 for c in a.completions)

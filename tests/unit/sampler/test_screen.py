@@ -21,7 +21,7 @@ NODE = "node-0"
 
 
 def _cfg(**overrides: object) -> ScreenConfig:
-    base: dict[str, object] = {"max_message_bytes": 1 << 20, "max_external_age_s": 600.0, "max_policy_lag": 2}
+    base: dict[str, object] = {"max_payload_bytes": 1 << 20, "max_external_age_s": 600.0, "max_policy_lag": 2}
     return screen_config(NODE, **(base | overrides))
 
 

@@ -79,8 +79,10 @@ class RightWhenEven:
     def load_weights(self, weights: WeightsSource, version: int, *, owned: bool = False) -> None:
         raise AssertionError("the in-process swarm never reloads weights")
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingConfig) -> list[list[Sample]]:
-        out = self.inner.generate(prompts, params)
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingConfig, seeds: Sequence[int] | None = None
+    ) -> list[list[Sample]]:
+        out = self.inner.generate(prompts, params, seeds)
         answers = [self.stream.record_at(self.calls * B + i).answer for i in range(len(prompts))]
         self.calls += 1
         return [
@@ -236,7 +238,7 @@ def test_settings_are_the_services_own(tmp_path: Path, monkeypatch: pytest.Monke
     m = manifest()
     monkeypatch.setenv("SAPO_SAMPLER_MAX_PER_SOURCE", "1")  # as the launcher hands its environment on
     s = resolve(m, m.nodes[0], tmp_path / "checkpoints")
-    assert (s.generator.node_id, s.generator.node_seed, s.generator.questions_per_round) == ("node-a", 1, B)
+    assert (s.generator.node_id, s.generator.node_seed, s.trainer.questions_per_round) == ("node-a", 1, B)
     assert s.sampler.expected_peers == 1  # node-b; node-c shares nothing
     assert s.sampler.max_per_source == 1
     assert s.trainer.checkpoint_root == str(tmp_path / "checkpoints")

@@ -61,7 +61,7 @@ def test_unset_short_keys_take_the_services_defaults(tmp_path: Path) -> None:
     assert a.generator.effective_node_seed != b.generator.effective_node_seed
     assert (b.generator.node_seed, b.sampler.seed, b.trainer.seed) == (5, 5, 5)
     assert a.sampler.expected_peers == 1
-    assert a.generator.rounds == 2
+    assert a.trainer.rounds == 2
 
 
 def test_env_mapping_flattens_nested_settings(tmp_path: Path) -> None:
@@ -74,7 +74,7 @@ def test_env_mapping_flattens_nested_settings(tmp_path: Path) -> None:
     node = parse_manifest({"nodes": [{"id": "a", "rounds": 1, "sampler": {"local_groups": 1}}]}).nodes[0]
     assert service_values(node, "sampler", 0)["local_groups"] == 1
     deadline = parse_manifest({"nodes": [{"id": "a", "rounds": 1, "round_mode": "deadline"}]}).nodes[0]
-    assert service_values(deadline, "generator", 0)["round_mode"] == "async"
+    assert service_values(deadline, "trainer", 0)["round_mode"] == "async"
 
 
 def test_example_manifests_parse() -> None:

@@ -1,0 +1,187 @@
+"""Messages of any size on topics whose brokers keep Kafka's default message limit: chunking.
+
+A payload larger than the producer's chunk size is sent as consecutive chunk messages with the same
+key (so the same partition), each carrying the headers of the whole message plus:
+
+- `sapo-chunk`: `<index>/<count>` (0-based),
+- `sapo-chunk-id`: one id for the message, the same on every chunk,
+- `sapo-chunk-sha256`: the digest of the whole payload, checked when it is reassembled.
+
+Consumers reassemble (`Reassembler`): the chunks of one message arrive in order within their
+partition (one producer, idempotent), possibly interleaved with other producers' messages. The
+assembled `Record` carries every chunk record in `parts`, so finishing it finishes all of their
+offsets and at-least-once delivery holds for the whole message. Memory is bounded: a message over
+`max_payload_bytes` is refused at its first chunk, and when open messages exceed `max_pending_bytes`
+the oldest one is given up. A message cut short (the producer died mid-message) never completes: it
+is given up when the same key starts again in its partition (a producer sends the message again
+under its key: a group id, a batch id) or after `stale_s` without a new chunk, so its offsets do not
+hold the partition's commits back for long. What cannot be assembled (too large, cut short, a digest
+mismatch) comes back as an `Incomplete` whose records the caller finishes, counts and dead-letters.
+
+Why chunking rather than raising limits: Apache Kafka's broker limit is about 1 MB by default, a
+reasoning-length rollout group (16 completions x 8k tokens with token ids and log-probs) is larger,
+and a training batch of 16 such groups is tens of MB. Chunking keeps every broker, topic and producer
+at its default while no payload size is special anywhere else in the code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Final
+
+from sapo.kafka.records import Header, Record, TopicPartition
+
+H_CHUNK: Final = "sapo-chunk"
+H_CHUNK_ID: Final = "sapo-chunk-id"
+H_CHUNK_SHA: Final = "sapo-chunk-sha256"
+CHUNK_HEADERS: Final = (H_CHUNK, H_CHUNK_ID, H_CHUNK_SHA)
+HEADROOM_BYTES: Final = 64 * 1024
+"""Kept free in every message for headers and the record framing, so a chunk plus its overhead fits
+the broker's limit."""
+
+
+def chunk_size(max_message_bytes: int) -> int:
+    """The payload bytes of one chunk for a broker that accepts `max_message_bytes` per message."""
+    return max(1024, max_message_bytes - HEADROOM_BYTES)
+
+
+def split(value: bytes, headers: Sequence[Header], size: int) -> list[tuple[bytes, list[Header]]]:
+    """The (payload, headers) messages to send for `value`: itself when it fits, else its chunks."""
+    if len(value) <= size:
+        return [(value, list(headers))]
+    count = -(-len(value) // size)
+    message_id = uuid.uuid4().hex.encode()
+    digest = hashlib.sha256(value).hexdigest().encode()
+    base = [(k, v) for k, v in headers if k not in CHUNK_HEADERS]
+    return [
+        (
+            value[i * size : (i + 1) * size],
+            [*base, (H_CHUNK, f"{i}/{count}".encode()), (H_CHUNK_ID, message_id), (H_CHUNK_SHA, digest)],
+        )
+        for i in range(count)
+    ]
+
+
+def chunk_of(record: Record) -> tuple[int, int, str] | None:
+    """(index, count, message id) of a chunk record; None for an ordinary message."""
+    raw, message_id = record.headers.get(H_CHUNK), record.headers.get(H_CHUNK_ID)
+    if raw is None or message_id is None:
+        return None
+    index, _, count = raw.decode("ascii", "replace").partition("/")
+    if not (index.isdigit() and count.isdigit()) or not int(index) < int(count):
+        return (-1, 0, message_id.decode("ascii", "replace"))  # a chunk header that lies
+    return int(index), int(count), message_id.decode("ascii", "replace")
+
+
+@dataclass(frozen=True)
+class Incomplete:
+    """Chunk records that will never form a message, and why (a bounded metric label)."""
+
+    reason: str
+    parts: tuple[Record, ...]
+
+
+@dataclass
+class _Open:
+    count: int
+    key: bytes | None
+    last_s: float
+    parts: list[Record] = field(default_factory=list)
+    size: int = 0
+
+
+class Reassembler:
+    """Open messages per (partition, message id); see the module docstring."""
+
+    def __init__(
+        self,
+        max_payload_bytes: int,
+        max_pending_bytes: int,
+        stale_s: float = 120.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._max_payload = max_payload_bytes
+        self._max_pending = max_pending_bytes
+        self._stale_s = stale_s
+        self._clock = clock
+        self._open: OrderedDict[tuple[TopicPartition, str], _Open] = OrderedDict()
+        self._pending = 0
+        self.dropped: list[Incomplete] = []
+        """Given-up messages since the last `take_dropped`."""
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._pending
+
+    def add(self, record: Record) -> Record | None:
+        """The assembled message once `record` completes it, else None (the chunk is held; check
+        `take_dropped` for what was given up)."""
+        now = self._clock()
+        for slot in [s for s, o in self._open.items() if now - o.last_s > self._stale_s]:
+            self._give_up(slot, "incomplete_message")
+        found = chunk_of(record)
+        if found is None:
+            return record
+        index, count, message_id = found
+        slot = (record.tp, message_id)
+        if index < 0:
+            self.dropped.append(Incomplete("bad_chunk_header", (record,)))
+            return None
+        current = self._open.get(slot)
+        if current is None:
+            if index != 0:  # the start went to another consumer, or is gone
+                self.dropped.append(Incomplete("incomplete_message", (record,)))
+                return None
+            resent = [s for s, o in self._open.items() if s[0] == record.tp and o.key == record.key]
+            for old in resent:  # the producer sends the message again: the cut-short copy is dead
+                self._give_up(old, "incomplete_message")
+            current = self._open[slot] = _Open(count, record.key, now)
+        elif index != len(current.parts) or count != current.count:
+            self._give_up(slot, "incomplete_message", extra=(record,))
+            return None
+        current.parts.append(record)
+        current.last_s = now
+        current.size += len(record.value or b"")
+        self._pending += len(record.value or b"")
+        if current.size > self._max_payload:
+            self._give_up(slot, "oversized")
+            return None
+        while self._pending > self._max_pending and len(self._open) > 1:
+            oldest = next(iter(self._open))
+            if oldest == slot:
+                break
+            self._give_up(oldest, "evicted_incomplete")
+        if len(current.parts) < current.count:
+            return None
+        return self._assemble(slot)
+
+    def _assemble(self, slot: tuple[TopicPartition, str]) -> Record | None:
+        current = self._open.pop(slot)
+        self._pending -= current.size
+        value = b"".join(part.value or b"" for part in current.parts)
+        first = current.parts[0]
+        expected = first.headers.get(H_CHUNK_SHA, b"").decode("ascii", "replace")
+        if hashlib.sha256(value).hexdigest() != expected:
+            self.dropped.append(Incomplete("chunk_digest_mismatch", tuple(current.parts)))
+            return None
+        headers = {k: v for k, v in first.headers.items() if k not in CHUNK_HEADERS}
+        return replace(first, value=value, headers=headers, parts=tuple(current.parts))
+
+    def _give_up(self, slot: tuple[TopicPartition, str], reason: str, extra: tuple[Record, ...] = ()) -> None:
+        current = self._open.pop(slot)
+        self._pending -= current.size
+        self.dropped.append(Incomplete(reason, (*current.parts, *extra)))
+
+    def forget(self, tps: set[TopicPartition]) -> None:
+        """Drop open messages of revoked partitions (their chunks are delivered again to the new owner)."""
+        for slot in [s for s in self._open if s[0] in tps]:
+            self._pending -= self._open.pop(slot).size
+
+    def take_dropped(self) -> list[Incomplete]:
+        dropped, self.dropped = self.dropped, []
+        return dropped

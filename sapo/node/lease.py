@@ -1,0 +1,338 @@
+"""One writer per node role: the lease that fences a second sampler or trainer before it writes.
+
+A node's sampler owns its batch sequence and its trainer owns the checkpoint store and the policy
+versions: a second copy of either (`kubectl scale`, a rolling update's overlap, a partitioned node that
+comes back) would fork them. Each of the two holds a lease on `<prefix>.node.<id>.leases` (compacted,
+one partition, key = role) before it writes anything:
+
+- Acquire: read the topic to its end (until idle: the embedded broker's high watermark is wrong). If
+  the latest record of the role is another owner's and still live (renewed within its `ttl_s`, not
+  released), wait as a standby: log it, export `sapo_<service>_lease_held 0`, keep readiness false and
+  write nothing. Otherwise write an acquisition record; its offset in the single partition (+ 1) is
+  the lease's *epoch*, unique and increasing. Read on for a grace period: if another acquisition with a
+  higher epoch shows up, the later one won and this process stands by.
+- Hold: renew every `ttl_s / 3`, and call `check()` before every write. It reads the topic without
+  waiting; a record of the role with a higher epoch means another process took over (this one
+  was paused or partitioned past its lease): `FencedError` is raised, counted
+  (`sapo_<service>_fenced_total`) and the process exits before writing. A holder whose last
+  acknowledged renewal is older than 80% of `ttl_s` cannot know it still holds the lease, so it stops
+  too (`LeaseLostError`). A holder that stops cleanly writes a release record, so a standby takes over at
+  once instead of after `ttl_s`.
+- Epochs on the writes: batches (`TrainingBatch.epoch`), policy updates and work items carry the
+  writer's epoch, and their readers refuse one from an epoch lower than the highest they have seen. That
+  closes the last gap, a paused holder that wakes and writes once before its next `check()`.
+
+The embedded broker honours all of this (single-partition produce order, offsets, reads from the
+start); it does not compact, so the topic keeps every renewal (one record per role every `ttl_s / 3`:
+about 1 MB a day). Apache Kafka compacts it to the latest record per role. Transactional producers'
+zombie fencing (`transactional.id`) would add broker-side fencing on Apache Kafka; the embedded broker
+accepts transactions without honouring them, so the lease does not rely on them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from google.protobuf.timestamp_pb2 import Timestamp
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from sapo.kafka import (
+    ConsumerClient,
+    ConsumerLoop,
+    Disposition,
+    Publisher,
+    Record,
+    TransportError,
+    TransportMetrics,
+)
+from sapo.lifecycle import StopFlag
+from sapo.ops import Health
+from sapo.runtime import Runtime
+from sapo.settings import LeaseSettings
+from sapo.v1 import lease_pb2
+from sapo.wire import SCHEMA_VERSION, InvalidMessageError, decode, message_headers
+
+log = logging.getLogger(__name__)
+
+LEASE_HELD: Final = "lease_held"
+"""The readiness condition of a service that writes only while it holds its lease."""
+CHECK_EVERY_S: Final = 0.5
+"""How often the service loop's `check` reads the leases topic (every write reads it anyway)."""
+STALE_FRACTION: Final = 0.8
+"""A holder stops writing once its last acknowledged renewal is this much of the ttl old."""
+ASSIGN_TIMEOUT_S: Final = 120.0
+"""Longest wait for the leases topic's partition: a missing topic fails the start with what to do."""
+_MAX_DRAIN: Final = 10_000
+
+
+class FencedError(RuntimeError):
+    """Another process of the same role holds a newer lease: this one must not write."""
+
+
+class LeaseLostError(RuntimeError):
+    """This process could not renew its lease in time: it cannot know it still holds it."""
+
+
+@dataclass(frozen=True)
+class Holder:
+    """The latest state of one role's lease as read from the topic."""
+
+    owner: str
+    epoch: int
+    renewed_s: float
+    ttl_s: float
+    released: bool
+
+    def live(self, now_s: float) -> bool:
+        return not self.released and now_s - self.renewed_s < self.ttl_s
+
+
+def fold(current: Holder | None, lease: lease_pb2.Lease, offset: int) -> Holder | None:
+    """The role's lease after one more record: the highest epoch wins; an acquisition's epoch is its
+    own offset + 1 (0 stays "none"); a record of a lower epoch (a fenced holder still renewing)
+    changes nothing."""
+    epoch = lease.epoch or offset + 1
+    if current is not None and epoch < current.epoch:
+        return current
+    renewed = lease.renewed_at.seconds + lease.renewed_at.nanos / 1e9
+    return Holder(lease.owner, epoch, renewed, lease.ttl_s, lease.released)
+
+
+class LeaseMetrics:
+    def __init__(self, registry: CollectorRegistry, service: str) -> None:
+        p = f"sapo_{service}"
+        self.held = Gauge(
+            f"{p}_lease_held", "1 while this process holds its role's lease.", registry=registry
+        )
+        self.epoch = Gauge(f"{p}_lease_epoch", "Epoch of the lease this process holds.", registry=registry)
+        self.fenced = Counter(
+            f"{p}_fenced_total",
+            "Times this process found another process of its role holding a newer lease, or lost its "
+            "own, and stopped writing.",
+            registry=registry,
+        )
+
+
+def owner_id() -> str:
+    """Who asks for a lease: the host (the pod's name on Kubernetes), the pid and a random suffix."""
+    return f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
+
+
+class Lease:
+    """One process's lease on its node role; see the module docstring."""
+
+    def __init__(
+        self,
+        client: ConsumerClient,
+        publisher: Publisher,
+        *,
+        topic: str,
+        node_id: str,
+        role: str,
+        ttl_s: float,
+        idle_s: float,
+        metrics: LeaseMetrics,
+        transport: TransportMetrics,
+        health: Health,
+        stop: StopFlag,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._publisher = publisher
+        self._topic = topic
+        self._node_id = node_id
+        self._role = role
+        self._ttl_s = ttl_s
+        self._idle_s = idle_s
+        self._metrics = metrics
+        self._health = health
+        self._stop = stop
+        self._clock = clock
+        self.owner = owner_id()
+        self.epoch = 0
+        """The epoch this process holds; 0 while it holds none."""
+        self.holder: Holder | None = None
+        self._renewed_s = 0.0
+        self._checked_s = 0.0
+        self._newest_ms = 0
+        """Write time of the newest record read (the producer's clock), to know the end was reached."""
+        self._loop = ConsumerLoop(
+            client,
+            [topic],
+            self._read,
+            stop=stop,
+            metrics=transport,
+            stream_of=lambda _topic: "leases",
+            poll_timeout_s=0.0,
+        )
+        health.require(LEASE_HELD)
+
+    def acquire(self) -> bool:
+        """Block until this process holds the lease (True), or the stop flag is set (False)."""
+        self._loop.open()
+        warned = False
+        while not self._stop.is_set():
+            self._read_until_idle()
+            now = self._clock()
+            holder = self.holder
+            if holder is not None and holder.owner != self.owner and holder.live(now):
+                if not warned:
+                    log.warning(
+                        "standby: another %s of node %s holds the lease (owner %s, epoch %d, renewed %.0f s "
+                        "ago); this one writes nothing until it expires",
+                        self._role,
+                        self._node_id,
+                        holder.owner,
+                        holder.epoch,
+                        now - holder.renewed_s,
+                    )
+                    warned = True
+                self._metrics.held.set(0)
+                self._stop.wait(min(1.0, self._ttl_s / 3))
+                continue
+            self._write(epoch=0)
+            self._read_until_idle()
+            if self.holder is not None and self.holder.owner == self.owner:
+                self.epoch = self.holder.epoch
+                self._metrics.held.set(1)
+                self._metrics.epoch.set(self.epoch)
+                self._health.set(LEASE_HELD, True)
+                log.info(
+                    "holding the %s lease of node %s with epoch %d", self._role, self._node_id, self.epoch
+                )
+                return True
+        return False
+
+    def check(self, *, before_write: bool = False) -> None:
+        """Raise `FencedError` or `LeaseLostError` unless this process still holds the lease; renew it
+        when a third of its ttl has passed. Called before every write (`before_write`: always reads the
+        topic) and from the service loop (reads it at most every `CHECK_EVERY_S`)."""
+        now = self._clock()
+        if not before_write and now - self._checked_s < CHECK_EVERY_S:
+            return
+        self._checked_s = now
+        self._drain()
+        holder = self.holder
+        if holder is not None and holder.epoch > self.epoch and holder.owner != self.owner:
+            self._lose(
+                FencedError(
+                    f"another {self._role} of node {self._node_id} took over (owner {holder.owner}, epoch "
+                    f"{holder.epoch} > {self.epoch}): this one stops without writing"
+                )
+            )
+        if now - self._renewed_s >= self._ttl_s / 3:
+            self._renew()
+        if now - self._renewed_s > STALE_FRACTION * self._ttl_s:
+            self._lose(
+                LeaseLostError(
+                    f"the {self._role} lease of node {self._node_id} was last renewed "
+                    f"{now - self._renewed_s:.0f} s ago (ttl {self._ttl_s} s): stopping without writing"
+                )
+            )
+
+    def release(self) -> None:
+        """Give the lease up (clean stop): a standby may take it at once. Best effort."""
+        if self.epoch:
+            try:
+                self._write(epoch=self.epoch, released=True)
+            except Exception:
+                log.warning(
+                    "could not release the %s lease; a standby takes over after %s s",
+                    self._role,
+                    self._ttl_s,
+                    exc_info=True,
+                )
+            self.epoch = 0
+            self._metrics.held.set(0)
+        self._loop.close()
+
+    def _renew(self) -> None:
+        try:
+            self._write(epoch=self.epoch)
+        except Exception:
+            log.warning("renewing the %s lease failed", self._role, exc_info=True)
+
+    def _lose(self, error: FencedError | LeaseLostError) -> None:
+        self._metrics.fenced.inc()
+        self._metrics.held.set(0)
+        self._health.set(LEASE_HELD, False)
+        self.epoch = 0
+        log.error("%s", error)
+        raise error
+
+    def _write(self, *, epoch: int, released: bool = False) -> None:
+        sent_s = self._clock()
+        renewed_at = Timestamp()
+        renewed_at.FromNanoseconds(int(sent_s * 1e9))
+        lease = lease_pb2.Lease(
+            schema_version=SCHEMA_VERSION,
+            node_id=self._node_id,
+            role=self._role,
+            owner=self.owner,
+            epoch=epoch,
+            renewed_at=renewed_at,
+            ttl_s=self._ttl_s,
+            released=released,
+        )
+        value = lease.SerializeToString()
+        headers = message_headers("Lease", self._node_id, value)
+        self._publisher.send_sync(self._topic, self._role.encode(), value, headers, timeout_s=self._ttl_s / 3)
+        self._renewed_s = sent_s
+
+    def _read(self, record: Record) -> Disposition:
+        self._newest_ms = max(self._newest_ms, record.timestamp_ms)
+        lease = decode(lease_pb2.Lease, record.value, 1 << 16)
+        if lease.node_id != self._node_id or not lease.owner:
+            raise InvalidMessageError("wrong_node", f"lease of {lease.node_id!r} on {self._node_id}'s topic")
+        if lease.role == self._role:
+            self.holder = fold(self.holder, lease, record.offset)
+        return Disposition.DONE
+
+    def _drain(self) -> None:
+        for _ in range(_MAX_DRAIN):
+            if not self._loop.step(0.0):
+                return
+
+    def _read_until_idle(self) -> None:
+        """Read to the topic's end: until a record written after this read began (a live holder renews
+        every ttl / 3), or nothing arrived for `idle_s` after the partition was assigned (no holder)."""
+        idle_since = started = time.monotonic()
+        began_ms: int | None = None  # when the partition was assigned: fetching from there on
+        while not self._stop.is_set():
+            self._health.beat()
+            if began_ms is None and self._loop.assigned:
+                began_ms = int(self._clock() * 1000)
+            if began_ms is not None and self._newest_ms >= began_ms:
+                return
+            if self._loop.step(0.1) or not self._loop.assigned:
+                idle_since = time.monotonic()
+                if not self._loop.assigned and idle_since - started > ASSIGN_TIMEOUT_S:
+                    raise TransportError(
+                        f"the leases topic {self._topic} was not assigned within {ASSIGN_TIMEOUT_S} s: "
+                        "create the node's topics (`sapo topics`, or the chart's kafkaTopics)"
+                    )
+            elif time.monotonic() - idle_since >= self._idle_s:
+                return
+
+
+def node_lease(runtime: Runtime, settings: LeaseSettings, role: str) -> Lease:
+    """The lease of this process's role on its node, wired to the process runtime."""
+    return Lease(
+        runtime.consumer(f"{role}-lease", per_process=True),
+        runtime.publisher,
+        topic=runtime.topics.leases,
+        node_id=runtime.settings.node_id,
+        role=role,
+        ttl_s=settings.lease_ttl_s,
+        idle_s=settings.lease_read_idle_s,
+        metrics=LeaseMetrics(runtime.registry, role),
+        transport=runtime.transport,
+        health=runtime.health,
+        stop=runtime.stop,
+    )

@@ -1,0 +1,130 @@
+"""Chunked messages: split to the broker's limit, reassembled whole, and nothing that cannot be
+reassembled (too large, cut short, tampered) holds a partition back."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from sapo.kafka import ConsumerLoop, DeadLetters, Disposition, Record, TransportMetrics
+from sapo.kafka.chunks import H_CHUNK, H_CHUNK_SHA, Reassembler, chunk_size, split
+from sapo.kafka.memory import MemoryBus, MemoryConsumerClient, MemoryPublisher
+from sapo.lifecycle import StopFlag
+
+pytestmark = pytest.mark.unit
+TP = ("t", 0)
+
+
+def records(pieces: list[tuple[bytes, list[tuple[str, bytes]]]], key: bytes, start: int = 0) -> list[Record]:
+    return [Record("t", 0, start + i, key, value, dict(h)) for i, (value, h) in enumerate(pieces)]
+
+
+def test_small_messages_pass_unchanged_and_large_ones_split_within_the_limit() -> None:
+    assert split(b"abc", [("h", b"1")], 10) == [(b"abc", [("h", b"1")])]
+    value = os.urandom(25)
+    pieces = split(value, [("h", b"1")], 10)
+    assert [len(p) for p, _ in pieces] == [10, 10, 5]
+    assert [dict(h)[H_CHUNK] for _, h in pieces] == [b"0/3", b"1/3", b"2/3"]
+    assert all(dict(h)["h"] == b"1" for _, h in pieces)
+    assert chunk_size(1024 * 1024) < 1024 * 1024
+
+
+def test_chunks_reassemble_across_interleaved_producers() -> None:
+    a, b = os.urandom(30), os.urandom(30)
+    ra = records(split(a, [("n", b"a")], 10), b"ka")
+    rb = records(split(b, [("n", b"b")], 10), b"kb", start=10)
+    reassembler = Reassembler(1000, 1000)
+    out = [
+        m for pair in zip(ra, rb, strict=True) for m in (reassembler.add(pair[0]), reassembler.add(pair[1]))
+    ]
+    whole = [m for m in out if m is not None]
+    assert [m.value for m in whole] == [a, b]
+    assert whole[0].headers == {"n": b"a"} and [p.offset for p in whole[0].parts] == [0, 1, 2]
+    assert reassembler.pending_bytes == 0 and reassembler.take_dropped() == []
+
+
+@pytest.mark.parametrize(
+    ("mutate", "reason"),
+    [
+        (lambda rs: rs[1:], "incomplete_message"),  # the first chunk is missing
+        (lambda rs: [rs[0], rs[2]], "incomplete_message"),  # one in the middle
+        (
+            lambda rs: [*rs[:2], Record("t", 0, 9, b"k", b"x" * 5, dict(rs[2].headers))],
+            "chunk_digest_mismatch",
+        ),
+    ],
+)
+def test_messages_that_cannot_be_reassembled_are_given_up(mutate: object, reason: str) -> None:
+    pieces = records(split(os.urandom(25), [], 10), b"k")
+    reassembler = Reassembler(1000, 1000)
+    for record in mutate(pieces):  # type: ignore[operator]
+        assert reassembler.add(record) is None
+    assert reason in [d.reason for d in reassembler.take_dropped()]
+
+
+def test_a_message_sent_again_under_its_key_gives_up_the_cut_short_copy() -> None:
+    first = records(split(os.urandom(25), [], 10), b"node/7")
+    again_value = os.urandom(25)
+    again = records(split(again_value, [], 10), b"node/7", start=3)
+    reassembler = Reassembler(1000, 1000)
+    reassembler.add(first[0])  # the sampler died after one chunk
+    assembled = [reassembler.add(r) for r in again]
+    assert [d.reason for d in reassembler.take_dropped()] == ["incomplete_message"]
+    assert assembled[-1] is not None and assembled[-1].value == again_value
+
+
+def test_oversized_and_stale_messages_are_given_up() -> None:
+    now = [0.0]
+    reassembler = Reassembler(15, 1000, stale_s=60, clock=lambda: now[0])
+    for record in records(split(os.urandom(25), [], 10), b"k")[:2]:
+        reassembler.add(record)
+    assert [d.reason for d in reassembler.take_dropped()] == ["oversized"]
+    reassembler.add(records(split(os.urandom(12), [], 10), b"j")[0])
+    now[0] = 61.0
+    reassembler.add(Record("t", 0, 50, b"x", b"plain", {}))
+    assert [d.reason for d in reassembler.take_dropped()] == ["incomplete_message"]
+    assert reassembler.pending_bytes == 0
+
+
+def test_a_forged_chunk_header_is_given_up() -> None:
+    forged = Record("t", 0, 0, b"k", b"x", {H_CHUNK: b"5/2", "sapo-chunk-id": b"a", H_CHUNK_SHA: b"0"})
+    reassembler = Reassembler(100, 100)
+    assert reassembler.add(forged) is None
+    assert [d.reason for d in reassembler.take_dropped()] == ["bad_chunk_header"]
+
+
+def test_the_consumer_loop_hands_over_whole_messages_and_commits_every_chunk() -> None:
+    bus = MemoryBus()
+    publisher = MemoryPublisher(bus, max_message_bytes=128 * 1024)
+    big = os.urandom(300 * 1024)
+    publisher.send("t", b"big", big, [("kind", b"group")])
+    publisher.send("t", b"small", b"tiny", [])
+    assert len(bus.topics["t"]) == 6  # five 64 KiB chunks (128 KiB less the headroom) and the small one
+    bus.append("t", b"lone", b"x", [(H_CHUNK, b"1/2"), ("sapo-chunk-id", b"zz"), (H_CHUNK_SHA, b"0")])
+    seen: list[Record] = []
+
+    def handle(record: Record) -> Disposition:
+        seen.append(record)
+        return Disposition.DONE
+
+    registry = CollectorRegistry()
+    transport = TransportMetrics(registry, "test")
+    loop = ConsumerLoop(
+        MemoryConsumerClient(bus, "g"),
+        ["t"],
+        handle,
+        stop=StopFlag(),
+        metrics=transport,
+        dead_letters=DeadLetters(publisher, "dlq", "test", transport),
+        poll_timeout_s=0.0,
+    )
+    assert loop.run(idle_timeout_s=0.0) == 7
+    assert [(r.key, r.value) for r in seen] == [(b"big", big), (b"small", b"tiny")]
+    assert seen[0].headers == {"kind": b"group"}
+    assert bus.committed[("g", ("t", 0))] == 7  # every chunk and the lone piece finished
+    assert (
+        registry.get_sample_value("sapo_test_messages_rejected_total", {"reason": "incomplete_message"}) == 1
+    )
+    assert [r.headers["sapo-dlq-reason"] for r in bus.topics["dlq"]] == [b"incomplete_message"]

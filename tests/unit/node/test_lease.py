@@ -1,0 +1,122 @@
+"""The single-writer lease over the in-memory transport: one holder, standbys that wait, release,
+and a holder fenced by a newer acquisition or unable to renew."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from sapo.kafka import Publisher, TransportMetrics
+from sapo.kafka.memory import MemoryBus, MemoryConsumerClient, MemoryPublisher
+from sapo.lifecycle import StopFlag
+from sapo.node.lease import FencedError, Lease, LeaseLostError, LeaseMetrics
+from sapo.ops import Health
+
+pytestmark = pytest.mark.unit
+TOPIC = "sapo.node.node-a.leases"
+TTL = 30.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+REGISTRIES: dict[int, CollectorRegistry] = {}
+
+
+def lease(bus: MemoryBus, clock: Clock, name: str, publisher: Publisher | None = None) -> Lease:
+    registry = CollectorRegistry()
+    made = Lease(
+        MemoryConsumerClient(bus, f"lease-{name}"),
+        publisher or MemoryPublisher(bus),
+        topic=TOPIC,
+        node_id="node-a",
+        role="sampler",
+        ttl_s=TTL,
+        idle_s=0.0,
+        metrics=LeaseMetrics(registry, "sampler"),
+        transport=TransportMetrics(registry, "sampler"),
+        health=Health(),
+        stop=StopFlag(),
+        clock=clock,
+    )
+    REGISTRIES[id(made)] = registry
+    return made
+
+
+def metric(held: Lease, name: str) -> float | None:
+    return REGISTRIES[id(held)].get_sample_value(name)
+
+
+def acquire_in_background(candidate: Lease) -> threading.Thread:
+    thread = threading.Thread(target=candidate.acquire, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_the_first_process_holds_the_lease_and_its_epoch_is_its_records_offset() -> None:
+    bus, clock = MemoryBus(), Clock()
+    first = lease(bus, clock, "a")
+    assert first.acquire()
+    assert first.epoch == 1 and first.holder is not None  # offset 0 + 1 and first.holder.owner == first.owner
+    first.check(before_write=True)
+    assert metric(first, "sapo_sampler_lease_held") == 1
+
+
+def test_a_second_process_stands_by_until_the_holder_releases() -> None:
+    bus, clock = MemoryBus(), Clock()
+    holder = lease(bus, clock, "a")
+    assert holder.acquire()
+    standby = lease(bus, clock, "b")
+    thread = acquire_in_background(standby)
+    thread.join(timeout=1.5)
+    assert thread.is_alive() and standby.epoch == 0  # waits, writes nothing
+    assert metric(standby, "sapo_sampler_lease_held") == 0
+    first_epoch = holder.epoch
+    holder.release()
+    thread.join(timeout=5)
+    assert not thread.is_alive()
+    assert standby.epoch > first_epoch
+
+
+def test_a_holder_that_stopped_renewing_is_replaced_and_fenced_before_its_next_write() -> None:
+    bus, clock = MemoryBus(), Clock()
+    old = lease(bus, clock, "a")
+    assert old.acquire()
+    clock.now += TTL + 1  # old was paused past its ttl
+    new = lease(bus, clock, "b")
+    assert new.acquire()
+    assert new.epoch > old.epoch
+    with pytest.raises(FencedError, match="took over"):
+        old.check(before_write=True)
+    assert metric(old, "sapo_sampler_fenced_total") == 1
+    assert old.epoch == 0
+    new.check(before_write=True)  # the new holder carries on
+
+
+def test_a_holder_that_cannot_renew_stops_writing_before_its_lease_could_expire() -> None:
+    bus, clock = MemoryBus(), Clock()
+
+    class Failing(MemoryPublisher):
+        fail = False
+
+        def send_sync(self, *args: object, **kwargs: object) -> tuple[int, int]:
+            if self.fail:
+                raise RuntimeError("broker unreachable")
+            return super().send_sync(*args, **kwargs)  # type: ignore[arg-type]
+
+    publisher = Failing(bus)
+    holder = lease(bus, clock, "a", publisher)
+    assert holder.acquire()
+    publisher.fail = True
+    clock.now += TTL / 2  # renewals fail from here on
+    holder.check(before_write=True)
+    clock.now += TTL * 0.35
+    with pytest.raises(LeaseLostError, match="renewed"):
+        holder.check(before_write=True)
