@@ -7,7 +7,7 @@
     sapo inspect --bootstrap HOST:PORT all --summary               # counts, rates, sizes
 
 TOPIC is a topic name, `swarm` (`<prefix>.swarm.rollouts`), `keys` (`<prefix>.swarm.keys`),
-`NODE/ROLE` (`<prefix>.node.NODE.ROLE`: rollouts, batches, policy, dlq, work), `NODE` (every topic of
+`NODE/ROLE` (`<prefix>.node.NODE.ROLE`: rollouts, batches, policy, dlq, work, leases), `NODE` (every topic of
 that node) or `all` (every topic under the prefix). The connection comes from `SAPO_INSPECT_KAFKA__*`
 (as for the services: `SECURITY_PROTOCOL`, `SASL_*`, `SSL_*`), overridden by the flags below; the
 SASL password and the TLS key password only from the environment or a file.
@@ -38,7 +38,7 @@ from sapo.settings import ConfigError, SecurityProtocol, load_settings
 
 log = logging.getLogger("sapo.cli")
 
-NODE_ROLES: Final = ("rollouts", "batches", "policy", "dlq", "work")
+NODE_ROLES: Final = ("rollouts", "batches", "policy", "dlq", "work", "leases")
 _DURATION_RE: Final = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNIT_S: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 

@@ -2,7 +2,7 @@
 
 The message type comes from the record's `sapo-type` header when it names a message of the wire
 contract (`sapo.v1`), else from the topic's role (the last part of its name: `rollouts`, `batches`,
-`policy`, `work`, `keys`). A dead letter keeps the original key, bytes and headers, so it is decoded
+`policy`, `work`, `leases`, `keys`). A dead letter keeps the original key, bytes and headers, so it is decoded
 the same way, with the role of the topic it was read from (`sapo-dlq-source`) as the fallback, and its
 rejection reason read from the `sapo-dlq-*` headers. Nothing here raises on bad input: a payload that
 does not decode becomes an entry with its size, headers and the reason (`error`).
@@ -32,6 +32,7 @@ ROLE_TYPES: Final[Mapping[str, str]] = {
     "batches": "TrainingBatch",
     "policy": "PolicyUpdate",
     "work": "WorkItem",
+    "leases": "Lease",
     "keys": "KeyAnnouncement",
 }
 DLQ_ROLE: Final = "dlq"

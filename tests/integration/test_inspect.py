@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry
 
 from sapo.kafka import DeadLetters, KafkaPublisher, Record, TransportMetrics
 from sapo.sampler.batch import build_batch
-from sapo.topics import TopicNames, TopicSpec, ensure_topics
+from sapo.topics import TopicNames, ensure_topics
 from sapo.v1 import policy_pb2, question_pb2, rollout_pb2
 from sapo.wire import SCHEMA_VERSION, message_headers, now_timestamp
 from tests.integration.kafka_helpers import consumer
@@ -82,8 +82,9 @@ def swarm(kafka_bootstrap: str, topic_prefix: str) -> Swarm:
     """Six real groups of three nodes on the swarm topic and a garbage record; node-0's batch, policy
     update, three dead letters (made by the services' DeadLetters) and two records on a work topic."""
     names = TopicNames.for_node("node-0", prefix=topic_prefix)
-    work = f"{topic_prefix}.node.node-0.work"
-    ensure_topics({"bootstrap.servers": kafka_bootstrap}, [*names.specs(), TopicSpec(work)], timeout_s=30)
+    work = names.work
+    # One work partition keeps the two records in the order the test reads them.
+    ensure_topics({"bootstrap.servers": kafka_bootstrap}, names.specs(work_partitions=1), timeout_s=30)
     pub = KafkaPublisher({"bootstrap.servers": kafka_bootstrap})
     made = Swarm(names, work)
     for i, record in enumerate(questions(node_seed=11, count=6)):
