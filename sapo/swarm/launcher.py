@@ -100,6 +100,11 @@ def service_values(node: NodeSpec, service: str, run_dir: Path, peers: int = 0) 
             "seed": node.seed,
         },
     }
+    # One temperature per node: the trainer scores external rows at its own generator's temperature.
+    temperature = node.temperature if node.temperature is not None else node.generator.get("temperature")
+    if temperature is not None:
+        mapped["generator"]["temperature"] = temperature
+        mapped["trainer"]["sampling_temperature"] = temperature
     raw: dict[str, Any] = getattr(node, service)
     return mapped[service] | raw
 

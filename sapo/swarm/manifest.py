@@ -51,6 +51,11 @@ class NodeSpec(BaseModel):
     learning_rate: float = Field(
         1e-5, gt=0, le=1.0, description="AdamW learning rate (paper ambiguity: 1e-3 vs 1e-6..1e-5)."
     )
+    temperature: float | None = Field(
+        None,
+        description="Sampling temperature: the generator's `temperature` and the trainer's "
+        "`sampling_temperature`, which must agree. Unset = the services' default.",
+    )
     generator: dict[str, Any] = Field(default_factory=dict, description="Raw generator settings.")
     sampler: dict[str, Any] = Field(default_factory=dict, description="Raw sampler settings.")
     trainer: dict[str, Any] = Field(default_factory=dict, description="Raw trainer settings.")

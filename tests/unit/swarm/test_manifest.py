@@ -66,3 +66,22 @@ def test_example_manifests_parse() -> None:
     assert examples, "examples/*.yaml missing"
     for path in examples:
         assert load_manifest(path).nodes
+
+
+def test_one_temperature_reaches_the_generator_and_the_trainer(tmp_path: Path) -> None:
+    """The trainer scores peers' rows at its own generator's temperature: one manifest key sets both,
+    and so does a raw generator temperature; unset leaves both services at their default."""
+    short, raw, unset = parse_manifest(
+        {
+            "nodes": [
+                {"id": "a", "temperature": 0.7},
+                {"id": "b", "generator": {"temperature": 0.6}},
+                {"id": "c"},
+            ]
+        }
+    ).nodes
+    assert service_values(short, "generator", tmp_path)["temperature"] == 0.7
+    assert service_values(short, "trainer", tmp_path)["sampling_temperature"] == 0.7
+    assert service_values(raw, "trainer", tmp_path)["sampling_temperature"] == 0.6
+    assert "temperature" not in service_values(unset, "generator", tmp_path)
+    assert "sampling_temperature" not in service_values(unset, "trainer", tmp_path)
