@@ -202,6 +202,30 @@ def test_lockstep_emits_empty_batches_to_advance_the_round() -> None:
     assert node.rejected("no_signal") == 5
 
 
+@pytest.mark.parametrize(("keep", "local_groups"), [(False, 1), (True, 2)])
+def test_the_reference_baseline_trains_on_own_zero_advantage_groups(keep: bool, local_groups: int) -> None:
+    bus = MemoryBus()
+    node = Node(
+        bus,
+        questions_per_round=2,
+        local_groups=2,
+        external_groups=1,
+        expected_peers=1,
+        keep_local_zero_advantage=keep,
+    )
+    publish(bus, TOPICS.rollouts, real_group(RECORDS[0], NODE, (True, True), round_=0))  # no signal
+    publish(bus, TOPICS.rollouts, real_group(RECORDS[1], NODE, (True, False), round_=0))
+    publish(bus, TOPICS.swarm_rollouts, real_group(RECORDS[6], "peer-1", (False, False), round_=0))
+    publish(bus, TOPICS.swarm_rollouts, real_group(RECORDS[7], "peer-1", (True, False), round_=0))
+    node.drain()
+    (batch,) = node.batches()
+    local = [bg for bg in batch.groups if bg.source == batch_pb2.GROUP_SOURCE_LOCAL]
+    external = [bg for bg in batch.groups if bg.source == batch_pb2.GROUP_SOURCE_EXTERNAL]
+    assert (len(local), len(external)) == (local_groups, 1)
+    assert validate_batch(batch) is None
+    assert node.rejected("no_signal") == 2 - local_groups + 1  # the swarm's is always filtered
+
+
 def test_lost_partitions_drop_their_pool_and_their_groups_are_accepted_again() -> None:
     bus = MemoryBus()
     node = Node(bus, round_mode="async", local_groups=1, external_groups=1)
