@@ -18,6 +18,7 @@ from sapo.trainer import (
     Trainer,
     lr_factor,
     plan_micro_batches,
+    step_metrics,
     train_on_batch,
 )
 from sapo.v1 import batch_pb2, question_pb2
@@ -264,3 +265,17 @@ def test_the_senders_temperature_does_not_change_what_the_receiver_trains(
         updated.append(list(trainer.model.parameters()))
     for x, y in zip(*updated, strict=True):
         torch.testing.assert_close(x, y, atol=0, rtol=0)
+
+
+def test_step_metrics_say_how_many_local_and_external_completions_were_trained(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    questions: list[question_pb2.Question],
+    tmp_path: Path,
+) -> None:
+    """The run record derives the external groups' mean reward from these counts (reference metric)."""
+    batch = _batches(model, tokenizer, questions)[0]  # local rewards 1, 0, 1; external 1, 0
+    metrics = step_metrics(_trainer(model, tokenizer, tmp_path).apply(batch))
+    assert (metrics.local_completions, metrics.external_completions) == (3, 2)
+    assert metrics.reward_mean == pytest.approx(3 / 5)
+    assert metrics.local_reward_mean == pytest.approx(2 / 3)
