@@ -26,7 +26,7 @@ swarm: $(STAMP) ## Run a small local swarm end to end on the embedded broker and
 	$(BIN)/sapo swarm --manifest examples/swarm-small.yaml
 
 experiment: $(STAMP) ## The paper's I/J comparison at CPU scale (4 configurations x 3 seeds; 30-45 min on 2 cores)
-	$(BIN)/sapo experiment --profile cpu --out results/experiment-cpu
+	$(BIN)/sapo experiment --scenario cpu --out results/experiment-cpu
 
 test: $(STAMP) ## Run the default test suite (unit + integration against the embedded broker)
 	$(BIN)/pytest
