@@ -614,12 +614,13 @@ METRICS_NOTE = """\
   slots drawn from all of the node's own groups of the round, zero-advantage ones included (expected
   value: the round's on-policy mean), plus the batch's filtered external groups:
   (I·L·own + E·external mean) / (I·L + E), summed over nodes and rounds.
-- Δ: configuration A minus B, paired by seed and round (round r of both started from the same seed's
-  weights and questions), node-mean per round, averaged over rounds and seeds; relative = Δ over B's
-  mean. 95% interval: bootstrap resampling seeds, then blocks of 5 consecutive rounds within a seed
-  (rounds of one run are not independent). Held-out Δ: paired per question, resampling seeds then
-  questions. "better"/"worse": the interval excludes 0. With one seed, the interval covers that run's
-  round-to-round noise only, not seed-to-seed variation."""
+- Δ: configuration A minus B, paired by seed and round (both runs of a seed start from the same
+  weights and question streams), node-mean per round, averaged over rounds, then over seeds; relative
+  = Δ over B's mean. 95% interval: with two seeds or more, Student t over the per-seed mean
+  differences (seeds are the replicates: rounds of one run are not independent); with one seed, a
+  block bootstrap over its rounds (blocks of 5), which covers that run's round-to-round noise only,
+  not seed-to-seed variation. Held-out Δ: paired per question; t over seeds, or with one seed a
+  bootstrap over questions. "better"/"worse": the interval excludes 0."""
 
 
 def write_report(

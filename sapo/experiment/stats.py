@@ -15,8 +15,9 @@ observations. Seeds are the independent replicates. So:
   produce a mean outside the 3 seeds' range and was measured to be too narrow (on the committed CPU
   experiment it called 4/4 "worse" from 3 seeds that all happened to fall below 0).
 - one seed: a moving-block bootstrap over the run's rounds (blocks of BLOCK_ROUNDS consecutive rounds,
-  DRAWS draws, percentile interval, fixed RNG seed so a report is reproducible). It covers the
-  round-to-round noise of that one run only, not how another seed would have gone: reports say so.
+  or a quarter of the run when it is shorter than 20 rounds; DRAWS draws, percentile interval, fixed
+  RNG seed so a report is reproducible). It covers the round-to-round noise of that one run only, not
+  how another seed would have gone: reports say so.
 
 Held-out rewards are paired question by question (every policy answers the same eval questions with the
 same sampling seed): per seed the mean over questions, then the same rule (one seed: questions are
@@ -77,9 +78,10 @@ class Interval:
 
 
 def _block_sample(values: np.ndarray, block: int, rng: np.random.Generator) -> np.ndarray:
-    """Moving-block resample of one series to its own length."""
+    """Moving-block resample of one series to its own length. Blocks are at most a quarter of the
+    series: a block as long as the run would resample nothing and give a zero-width interval."""
     n = len(values)
-    size = min(block, n)
+    size = max(1, min(block, n // 4))
     starts = rng.integers(0, n - size + 1, size=math.ceil(n / size))
     index = (starts[:, None] + np.arange(size)[None, :]).ravel()[:n]
     sample: np.ndarray = values[index]

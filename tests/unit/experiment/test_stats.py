@@ -49,3 +49,10 @@ def test_persistent_differences_are_not_treated_as_independent_rounds() -> None:
     blocks = paired_interval([drift], block=5)
     single = paired_interval([drift], block=1)
     assert blocks.high - blocks.low > single.high - single.low
+
+
+def test_a_short_run_is_not_one_block() -> None:
+    """Three rounds of one seed, the first identical in both configurations: no verdict from them."""
+    found = paired_interval([[0.0, 0.004, 0.005]])
+    assert found.low <= 0.0 < found.high
+    assert found.verdict == "no measurable difference"
