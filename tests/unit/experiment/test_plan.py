@@ -52,7 +52,7 @@ def test_configurations_of_one_seed_differ_only_in_what_they_set() -> None:
         }
     first = next(iter(dumps.values()))
     assert all(d == first for d in dumps.values())
-    assert {n["model"] for n in first} == {"warm:2"}
+    assert {n["model"] for n in first} == {"warm-bpe:2"}
 
 
 def test_node_groups_and_task_subsets_reach_each_node() -> None:
@@ -100,7 +100,7 @@ def test_selection_and_overrides() -> None:
     assert list(scenario.configs) == ["4/4-guided", "6/2"]
     assert scenario.comparisons == (("6/2", "4/4-guided"),)  # the baseline left: the first picked
     node = parse_manifest(manifest_data(scenario, "4/4-guided", 7)).nodes[0]
-    assert (node.rounds, node.model) == (3, "warm:7")
+    assert (node.rounds, node.model) == (3, "warm-bpe:7")
     assert node.sampler == {"lockstep_timeout_s": 120, "selection": "reward_guided", "max_per_source": 3}
     assert scenario.evaluation.questions == 8 and scenario.evaluation.samples == 4
     assert run_name("6/2", 3) == "i6-j2-s3" and run_name("4/4-guided", 0) == "4-4-guided-s0"
