@@ -186,7 +186,7 @@ def _add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_experiment(args: argparse.Namespace) -> int:
-    from sapo.experiment.plan import load_scenario, parse_assignment, select
+    from sapo.experiment.plan import load_scenario, parse_assignment, recorded_scenario, select
     from sapo.experiment.runner import Mode, run_experiment, write_plan, write_scenario_report
 
     overrides = dict(parse_assignment(a) for a in args.assignments)
@@ -211,8 +211,9 @@ def _run_experiment(args: argparse.Namespace) -> int:
         runs = write_plan(scenario, out_dir)
         print(f"wrote {out_dir / 'experiment.json'} and {runs} manifests")
         return 0
-    if args.report_only:
-        print(write_scenario_report(scenario, out_dir, command))
+    if args.report_only:  # the scenario as it was run, when the directory records one
+        recorded = recorded_scenario(out_dir / "experiment.json")
+        print(write_scenario_report(recorded or scenario, out_dir, command))
         return 0
     return run_experiment(
         scenario,

@@ -36,6 +36,7 @@ same in all of them, and the comparison is paired. The experiment seed changes t
 from __future__ import annotations
 
 import copy
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -189,6 +190,24 @@ def _read(name_or_path: str) -> tuple[dict[str, Any], str]:
 def load_scenario(name_or_path: str) -> Scenario:
     """A shipped scenario by name, or a scenario file by path; errors name the key to fix."""
     data, source = _read(name_or_path)
+    return scenario_from_data(data, source)
+
+
+def recorded_scenario(path: Path) -> Scenario | None:
+    """The scenario an experiment directory's experiment.json records (`Scenario.as_data`, overrides
+    applied), or None for a directory written before scenarios existed."""
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    if "configs" not in data:
+        return None
+    overrides = data.pop("overrides", {})
+    source = data.pop("source", str(path))
+    return replace(scenario_from_data(data, source), overrides=overrides)
+
+
+def scenario_from_data(data: dict[str, Any], source: str) -> Scenario:
+    """Validate a scenario mapping (as read from a file) and resolve its baseline and comparisons."""
     try:
         parsed = ScenarioFile(**data)
     except ValidationError as exc:

@@ -31,13 +31,13 @@ def _pct(value: float | None) -> str:
     return f"{100 * value:+.1f}%" if value is not None and math.isfinite(value) else "-"
 
 
-def _wall(runs: list[dict[str, Any]], root: Path) -> str:
+def _wall(root: Path) -> str:
     """Swarm plus evaluation time of every run of the experiment (from result.json)."""
     total = 0.0
     for result in root.glob("runs/*/result.json"):
         data = json.loads(result.read_text())
         total += float(data.get("wall_seconds", 0.0)) + float(data.get("eval_seconds", 0.0))
-    return f"{total / 60:.0f} min" if runs else "-"
+    return f"{total / 60:.0f} min"
 
 
 def _rounds(root: Path) -> str:
@@ -57,7 +57,7 @@ def experiment_rows(root: Path) -> list[str]:
     name = f"[{plan.get('name', root.name)}]({root.name}/report.md)"
     seeds = len({r["seed"] for r in summary["runs"] if not r.get("confirmation")})
     rows = []
-    wall = _wall(summary["runs"], root)
+    wall = _wall(root)
     for c in summary.get("comparisons", []):
         rows.append(
             f"| {name} | {c['a']} vs {c['b']} | {c['group']} | {seeds} x {_rounds(root)} | "

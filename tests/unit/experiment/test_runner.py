@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from sapo.experiment.plan import load_scenario
+from sapo.experiment.plan import load_scenario, recorded_scenario
 from sapo.experiment.runner import planned_runs, run_experiment
 
 SCENARIO = {
@@ -69,3 +69,5 @@ def test_experiment_runs_evaluates_reports_and_resumes(tmp_path: Path) -> None:
         == 0
     )
     assert again.getvalue().count("finished earlier, skipped") == 2
+    recorded = recorded_scenario(out_dir / "experiment.json")
+    assert recorded is not None and recorded.as_data() == scenario.as_data()
