@@ -14,9 +14,10 @@ Steps run cheapest first, so most of a large swarm's traffic is dropped before i
 The public reference kept a node's own zero-advantage groups in its batches and filtered only the
 swarm's (`keep_local_zero_advantage`, setting `SAPO_SAMPLER_KEEP_LOCAL_ZERO_ADVANTAGE`; off by
 default). Such a group trains nothing (all advantages 0) but its tokens count in the token-mean
-normalizer, which dilutes the step, and its rewards count in the batch mean reward, the paper's
-metric. The switch exists to measure that baseline against ours, not to be used: with it, lock-step
-draws I local groups from all the round's own groups, and the adaptive mix counts them as signal.
+normalizer, which scales the step's gradient down (Adam's per-parameter normalisation largely undoes a
+factor shared by the whole step), and its rewards count in the batch mean reward, the paper's metric.
+The switch exists to measure that baseline against ours, not to be used: with it, lock-step draws I
+local groups from all the round's own groups, and the adaptive mix counts them as signal.
 
 When step 3's verification runs (`VerifyMode`, setting `SAPO_SAMPLER_VERIFY`):
 - `eager` (default): on arrival, for every group. Re-derivation and re-scoring cost 0.2-0.9 ms per
