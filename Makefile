@@ -35,7 +35,7 @@ swarm: $(STAMP) ## Run a small local swarm end to end on the embedded broker and
 	$(BIN)/sapo swarm --manifest examples/swarm-small.yaml
 
 experiment: $(STAMP) ## The paper's I/J comparison at CPU scale (4 configurations x 3 seeds; 30-45 min on 2 cores)
-	$(BIN)/sapo experiment --profile cpu --out results/experiment-cpu
+	$(BIN)/sapo experiment --scenario cpu --out results/experiment-cpu
 
 # SAPO_REQUIRE_DEPLOY_TOOLS: a chart-test tool that is missing fails its tests instead of skipping them.
 test: $(STAMP) $(TOOLS_STAMP) ## Run the default test suite (unit + integration + chart tests)

@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from sapo.experiment.plan import PROFILES, manifest_data, select
+from sapo.experiment.plan import load_scenario, manifest_data, select
 from sapo.swarm.history import STEPS_DIR, read_rows
 from sapo.swarm.inprocess import run_inprocess
 from sapo.swarm.manifest import SwarmManifest, parse_manifest
@@ -51,9 +51,9 @@ TARGET_OVERHEAD = 0.05
 
 
 def bench_manifest(model: str, nodes: int, rounds: int) -> SwarmManifest:
-    """The CPU experiment's swarm (`sapo experiment --profile cpu`) at I/J 4/4, seed 0."""
-    profile = select(PROFILES["cpu"], nodes=nodes, rounds=rounds, model=model)
-    return parse_manifest(manifest_data(profile, (4, 4), seed=0) | {"name": "bench-pipeline"})
+    """The CPU experiment's swarm (`sapo experiment --scenario cpu`) at I/J 4/4, seed 0."""
+    scenario = select(load_scenario("cpu"), nodes=nodes, overrides={"rounds": rounds, "model": model})
+    return parse_manifest(manifest_data(scenario, "4/4", seed=0) | {"name": "bench-pipeline"})
 
 
 def seconds_per_round(run_dir: Path, manifest: SwarmManifest) -> float:

@@ -39,7 +39,7 @@ import threading
 import time
 from pathlib import Path
 
-from sapo.experiment.plan import PROFILES, manifest_data, select
+from sapo.experiment.plan import load_scenario, manifest_data, select
 from sapo.swarm.history import ROUNDS_DIR, STEPS_DIR, read_rows
 from sapo.swarm.manifest import SwarmManifest, parse_manifest
 from sapo.swarm.run import run_swarm
@@ -49,13 +49,12 @@ MODES = ("lockstep", "async")
 
 
 def bench_manifest(model: str, nodes: int, rounds: int, mode: str, max_ahead: int) -> SwarmManifest:
-    """The CPU experiment's swarm (`sapo experiment --profile cpu`) at I/J 4/4, seed 0, in `mode`."""
-    data = manifest_data(select(PROFILES["cpu"], nodes=nodes, rounds=rounds, model=model), (4, 4), seed=0)
-    data["name"] = f"bench-rounds-{mode}"
-    data["defaults"]["round_mode"] = mode
+    """The CPU experiment's swarm (`sapo experiment --scenario cpu`) at I/J 4/4, seed 0, in `mode`."""
+    overrides: dict[str, object] = {"rounds": rounds, "model": model, "round_mode": mode}
     if mode == "async":
-        data["defaults"]["generator"]["max_ahead"] = max_ahead
-    return parse_manifest(data)
+        overrides["generator.max_ahead"] = max_ahead
+    scenario = select(load_scenario("cpu"), nodes=nodes, overrides=overrides)
+    return parse_manifest(manifest_data(scenario, "4/4", seed=0) | {"name": f"bench-rounds-{mode}"})
 
 
 def rounds_per_hour(run_dir: Path, manifest: SwarmManifest) -> float | None:

@@ -168,17 +168,38 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 
 def _add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
-    from sapo.experiment.plan import PROFILES
+    from sapo.experiment.plan import scenario_names
 
-    parser.add_argument("--profile", choices=sorted(PROFILES), default="cpu", help="scale (default cpu)")
+    parser.add_argument(
+        "--scenario",
+        "--profile",
+        default="cpu",
+        help=f"a shipped scenario ({', '.join(scenario_names())}) or the path of a scenario file "
+        "(default cpu)",
+    )
     parser.add_argument("--out", type=Path, required=True, help="results directory (re-run to resume)")
-    parser.add_argument("--configs", default=None, help="I/J list, e.g. 8/0,4/4 (default: 8/0,6/2,4/4,2/6)")
-    parser.add_argument("--seeds", type=_int_list, default=None, help="e.g. 0,1,2 (default: the profile's)")
-    parser.add_argument("--rounds", type=int, default=None, help="rounds per run (default: the profile's)")
-    parser.add_argument("--nodes", type=int, default=None, help="nodes per swarm (default: the profile's)")
+    parser.add_argument("--configs", default=None, help="configurations to run, e.g. 8/0,4/4 (default: all)")
+    parser.add_argument("--seeds", type=_int_list, default=None, help="e.g. 0,1,2 (default: the scenario's)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds per run (default: the scenario's)")
+    parser.add_argument("--nodes", type=int, default=None, help="nodes per swarm (one-group scenarios)")
     parser.add_argument("--model", default=None, help="model ref of every node ({seed} = experiment seed)")
     parser.add_argument(
-        "--in-process", action="store_true", help="run swarms without Kafka (quick sweeps; not the evidence)"
+        "--set",
+        dest="assignments",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a manifest key for every node, e.g. learning_rate=5e-4 or sampler.selection=reward_guided",
+    )
+    parser.add_argument("--eval-questions", type=int, default=None, help="held-out questions per policy")
+    parser.add_argument("--eval-samples", type=int, default=None, help="samples per held-out question")
+    parser.add_argument(
+        "--in-process", action="store_true", help="run swarms without Kafka (the same core functions)"
+    )
+    parser.add_argument(
+        "--confirm",
+        action="store_true",
+        help="run the scenario's `confirm` configuration at its first seed through the Kafka services",
     )
     parser.add_argument(
         "--plan-only", action="store_true", help="write experiment.json and every run's manifest, run nothing"
@@ -188,18 +209,21 @@ def _add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_experiment(args: argparse.Namespace) -> int:
-    from sapo.experiment.analysis import write_report
-    from sapo.experiment.plan import PROFILES, parse_mix, select
-    from sapo.experiment.runner import Mode, report_header, run_experiment, write_plan
+    from sapo.experiment.plan import load_scenario, parse_assignment, recorded_scenario, select
+    from sapo.experiment.runner import Mode, run_experiment, write_plan, write_scenario_report
 
-    mixes = tuple(parse_mix(m) for m in args.configs.split(",")) if args.configs else None
-    profile = select(
-        PROFILES[args.profile],
-        mixes=mixes,
+    overrides = dict(parse_assignment(a) for a in args.assignments)
+    overrides |= {k: v for k, v in (("rounds", args.rounds), ("model", args.model)) if v is not None}
+    evaluation = {
+        k: v for k, v in (("questions", args.eval_questions), ("samples", args.eval_samples)) if v is not None
+    }
+    scenario = select(
+        load_scenario(args.scenario),
+        configs=[c.strip() for c in args.configs.split(",")] if args.configs else None,
         seeds=args.seeds,
-        rounds=args.rounds,
+        overrides=overrides,
         nodes=args.nodes,
-        model=args.model,
+        evaluation=evaluation,
     )
     out_dir: Path = args.out.resolve()
     mode: Mode = "inprocess" if args.in_process else "services"
@@ -207,14 +231,21 @@ def _run_experiment(args: argparse.Namespace) -> int:
         "sapo " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["experiment"] else ""
     )
     if args.plan_only:
-        write_plan(profile, out_dir)
-        print(f"wrote {out_dir / 'experiment.json'} and {len(profile.mixes) * len(profile.seeds)} manifests")
+        runs = write_plan(scenario, out_dir)
+        print(f"wrote {out_dir / 'experiment.json'} and {runs} manifests")
         return 0
-    if args.report_only:
-        print(write_report(out_dir, report_header(profile, mode, command)))
+    if args.report_only:  # the scenario as it was run, when the directory records one
+        recorded = recorded_scenario(out_dir / "experiment.json")
+        print(write_scenario_report(recorded or scenario, out_dir, command))
         return 0
     return run_experiment(
-        profile, out_dir, mode=mode, command=command, keep_checkpoints=args.keep_checkpoints, out=sys.stdout
+        scenario,
+        out_dir,
+        mode=mode,
+        command=command,
+        keep_checkpoints=args.keep_checkpoints,
+        out=sys.stdout,
+        confirm=args.confirm,
     )
 
 
@@ -223,6 +254,17 @@ def _publish_record(
 ) -> tuple[int, int]:
     """One record, acknowledged (`sapo keys announce` and `revoke`); DeliveryError when it is not."""
     return KafkaPublisher({"bootstrap.servers": bootstrap}).send_sync(topic, key, value, timeout_s=timeout_s)
+
+
+def _add_results_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--root", type=Path, default=Path("results"), help="results root (default results)")
+
+
+def _run_results(args: argparse.Namespace) -> int:
+    from sapo.experiment.results import write_results_table
+
+    print(write_results_table(args.root))
+    return 0
 
 
 SUBCOMMANDS: tuple[Subcommand, ...] = (
@@ -243,9 +285,15 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
     ),
     Subcommand(
         "experiment",
-        "the paper's I/J comparison over seeds, with a results report",
+        "a scenario's configurations over seeds, with a results report",
         _add_experiment_arguments,
         _run_experiment,
+    ),
+    Subcommand(
+        "results",
+        "the table across experiments in <root>/README.md",
+        _add_results_arguments,
+        _run_results,
     ),
 )
 

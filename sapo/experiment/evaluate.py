@@ -3,14 +3,16 @@
 Every node of every run is measured on the same questions (one eval stream, fixed seed) with the same
 sampling seed, so before/after and node-to-node differences are differences of the policy only.
 Reported: mean reward at temperature 1.0 (what the policy does when it samples, as in training) and
-accuracy (share of completions with full reward).
+accuracy (share of completions with full reward), per task, and per question (its mean over the
+samples, with its task): the analysis pairs policies question by question and resamples questions for
+its intervals.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,9 @@ class Evaluation:
     reward_mean: float
     accuracy: float
     per_task: dict[str, float]
+    per_question: list[float] = field(default_factory=list)
+    """Mean reward of each question over its samples, in the eval stream's order."""
+    question_tasks: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -93,8 +98,9 @@ def evaluate(
 ) -> Evaluation:
     """Sample `samples` completions of each of the first `questions` eval questions and score them."""
     records = TaskStream(load_profile(task_profile), EVAL_STREAM_SEED, "eval").take(questions)
+    scored = sample_and_score(model, tokenizer, records, samples=samples, max_new_tokens=max_new_tokens)
     per_task: dict[str, list[float]] = {}
-    for item in sample_and_score(model, tokenizer, records, samples=samples, max_new_tokens=max_new_tokens):
+    for item in scored:
         per_task.setdefault(item.record.task, []).extend(item.rewards)
     rewards = [r for values in per_task.values() for r in values]
     return Evaluation(
@@ -103,6 +109,8 @@ def evaluate(
         reward_mean=statistics.fmean(rewards),
         accuracy=statistics.fmean(r >= 1.0 for r in rewards),
         per_task={task: statistics.fmean(v) for task, v in sorted(per_task.items())},
+        per_question=[statistics.fmean(item.rewards) for item in scored],
+        question_tasks=[item.record.task for item in scored],
     )
 
 

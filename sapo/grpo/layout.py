@@ -22,8 +22,9 @@ from torch import Tensor
 class TrainSample:
     """One completion ready for training, in the trainer's own token ids.
 
-    `completion_ids` are exactly the tokens the policy produced, including the final EOS / stop
-    token when generation stopped (see `with_eos`). `behaviour_logprobs`, one per completion token,
+    `completion_ids` are exactly the tokens the policy produced, including the final EOS when the
+    model stopped by sampling it, or the stop string's last token when a stop string ended it (see
+    `with_eos`). `behaviour_logprobs`, one per completion token,
     are the sampler's log-probs of those tokens; they only exist when the sampler used the same
     tokenizer (local groups, or external groups with a matching fingerprint).
     """
@@ -108,7 +109,9 @@ def with_eos(completion_ids: Sequence[int], *, stopped: bool, eos_token_id: int)
     """Completion ids with the EOS token the policy emitted when it stopped.
 
     For text re-tokenized from another node (decoded text has no EOS), append our own EOS when the
-    completion finished with reason "stop", so the stop decision is trained. Idempotent: ids that
+    sender's model ended the completion with its EOS (`stopped`), so the stop decision is trained.
+    A completion a stop string ended is not `stopped` in this sense: the sampler cut it after the stop
+    string and no EOS was ever sampled (`sapo.trainer.sequences.ended_by_eos`). Idempotent: ids that
     already end in EOS (transformers and vLLM return the EOS they sampled) are left alone, and
     completions cut by the length limit get none because the model never chose to stop.
     """

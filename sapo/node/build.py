@@ -78,5 +78,6 @@ def build_trainer(settings: TrainerSettings) -> Trainer:
         step=settings.step_config(),
         max_sequence_tokens=settings.max_sequence_tokens,
         external_logprobs=settings.external_logprobs,
+        sampling_temperature=settings.sampling_temperature,
         gradient_checkpointing=settings.gradient_checkpointing,
     )

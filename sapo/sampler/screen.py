@@ -14,6 +14,14 @@ Steps run cheapest first, so most of a large swarm's traffic is dropped before i
    dead letter), rewards recomputed by the local verifier (the sender's rewards never reach a
    batch), zero-advantage groups dropped, advantages computed.
 
+The public reference kept a node's own zero-advantage groups in its batches and filtered only the
+swarm's (`keep_local_zero_advantage`, setting `SAPO_SAMPLER_KEEP_LOCAL_ZERO_ADVANTAGE`; off by
+default). Such a group trains nothing (all advantages 0) but its tokens count in the token-mean
+normalizer, which scales the step's gradient down (Adam's per-parameter normalisation largely undoes a
+factor shared by the whole step), and its rewards count in the batch mean reward, the paper's metric.
+The switch exists to measure that baseline against ours, not to be used: with it, lock-step draws I
+local groups from all the round's own groups, and the adaptive mix counts them as signal.
+
 When step 3's verification runs (`VerifyMode`, setting `SAPO_SAMPLER_VERIFY`):
 - `eager` (default): on arrival, for every group. Re-derivation and re-scoring cost 0.2-0.9 ms per
   group against tens of microseconds to consume one, so a node reading a large swarm spends most of
@@ -133,6 +141,7 @@ class ScreenConfig:
     advantage_eps: float
     verify: VerifyMode
     dedupe_capacity: int
+    keep_local_zero_advantage: bool
 
 
 @dataclass(frozen=True)
@@ -297,7 +306,7 @@ class Screen:
         if len(kept) < MIN_COMPLETIONS:
             return "too_few_completions"
         rewards = self._verifier.rewards(record, [c.text for c in kept])
-        if not has_signal(rewards):
+        if not has_signal(rewards) and not (origin == "local" and self.cfg.keep_local_zero_advantage):
             return "no_signal"
         advantages = group_advantages(rewards, self.cfg.advantage_scale, self.cfg.advantage_eps)
         if len(kept) < len(group.completions):

@@ -106,6 +106,12 @@ class SamplerSettings(ServiceSettings, RoundSettings, LeaseSettings):
         "std", description="std: (r - mean) / (std + eps) as GRPO; none: r - mean (Dr. GRPO)."
     )
     advantage_eps: float = Field(1e-4, ge=0, le=1.0, description="eps of the advantage denominator.")
+    keep_local_zero_advantage: bool = Field(
+        False,
+        description="Keep the node's own groups whose rewards are all equal (advantage 0) in its batches, "
+        "as the public reference did; only the swarm's are filtered then. A baseline to measure against: "
+        "they train nothing, dilute the token-mean loss and raise or lower the batch mean reward.",
+    )
     verify: VerifyMode = Field(
         VerifyMode.EAGER,
         description="When external groups are re-derived and re-scored. eager: every arriving group. "
@@ -197,6 +203,7 @@ class SamplerSettings(ServiceSettings, RoundSettings, LeaseSettings):
             advantage_eps=self.advantage_eps,
             verify=self.verify,
             dedupe_capacity=self.dedupe_capacity,
+            keep_local_zero_advantage=self.keep_local_zero_advantage,
         )
 
     def external_shortfall(self) -> str | None:

@@ -36,6 +36,8 @@ def step_row(
         "loss": m.loss,
         "reward_mean": m.reward_mean,
         "local_reward_mean": m.local_reward_mean,
+        "local_completions": m.local_completions,
+        "external_completions": m.external_completions,
         "clip_fraction_low": m.clip_fraction_low,
         "clip_fraction_high": m.clip_fraction_high,
         "grad_norm": m.grad_norm,

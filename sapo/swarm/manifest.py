@@ -55,6 +55,7 @@ SHORT_KEYS: Final[dict[str, tuple[tuple[Service, str], ...]]] = {
     "max_new_tokens": (("generator", "max_new_tokens"),),
     "learning_rate": (("trainer", "lr"),),
     "store": (("trainer", "checkpoint_root"),),
+    "temperature": (("generator", "temperature"), ("trainer", "sampling_temperature")),
 }
 """Each short key and the settings fields it sets (a key shared by two services keeps them in step)."""
 
@@ -99,6 +100,11 @@ class NodeSpec(BaseModel):
         description=_doc("store") + "; the launcher's default is <run dir>/checkpoints, and generators "
         "load the announced versions from wherever it is (credentials from the launcher's environment)",
     )
+    temperature: float | None = Field(
+        None,
+        description=_doc("temperature") + "; a raw generator `temperature` reaches the trainer too, "
+        "which scores peers' rows at its own node's sampling temperature",
+    )
     generator: dict[str, Any] = Field(default_factory=dict, description="Raw generator settings.")
     sampler: dict[str, Any] = Field(default_factory=dict, description="Raw sampler settings.")
     trainer: dict[str, Any] = Field(default_factory=dict, description="Raw trainer settings.")
@@ -142,6 +148,8 @@ def service_values(node: NodeSpec, service: Service, peers: int) -> dict[str, An
             values[field] = value
     if service == "sampler":
         values["expected_peers"] = peers
+    if service == "trainer" and node.temperature is None and "temperature" in node.generator:
+        values["sampling_temperature"] = node.generator["temperature"]  # one temperature per node
     return values | node.raw(service)
 
 

@@ -279,10 +279,27 @@ def _suggest(word: str, choices: Iterable[str]) -> str:
     return f" (did you mean {matches[0]!r}?)" if matches else ""
 
 
+def profile_subset(profile: Profile, tasks: Iterable[str]) -> Profile:
+    """The profile's specs of the named tasks (in the profile's order), e.g. one node's data silo."""
+    wanted = [t.strip() for t in tasks if t.strip()]
+    known = [spec.name for spec in profile]
+    unknown = sorted(set(wanted) - set(known))
+    if unknown or not wanted:
+        raise ProfileError(
+            f"task subset {wanted}: {unknown[0] if unknown else 'no task'} is not in the profile; pick "
+            f"from {', '.join(known)}"
+        )
+    return tuple(spec for spec in profile if spec.name in wanted)
+
+
 def load_profile(name_or_path: str) -> Profile:
-    """A built-in profile by name, or a profile file (YAML or JSON mapping) by path."""
+    """A built-in profile by name, a subset of one (`easy:propositional_logic,basic_arithmetic`: the
+    named tasks with their weights and configurations), or a profile file (YAML or JSON) by path."""
     if name_or_path in PROFILES:
         return get_profile(name_or_path)
+    base, colon, tasks = name_or_path.partition(":")
+    if colon and base in PROFILES:
+        return profile_subset(get_profile(base), tasks.split(","))
     path = Path(name_or_path)
     if not path.is_file():
         raise ValueError(

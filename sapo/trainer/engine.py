@@ -79,6 +79,7 @@ class Trainer:
         step: StepConfig,
         max_sequence_tokens: int,
         external_logprobs: ExternalLogprobs = "on_policy",
+        sampling_temperature: float = 1.0,
         gradient_checkpointing: bool = False,
     ) -> None:
         self.model = model
@@ -87,7 +88,10 @@ class Trainer:
         self.store = store
         self.step_config = step
         self.builder = SequenceBuilder(
-            tokenizer, max_sequence_tokens=max_sequence_tokens, external_logprobs=external_logprobs
+            tokenizer,
+            max_sequence_tokens=max_sequence_tokens,
+            external_logprobs=external_logprobs,
+            sampling_temperature=sampling_temperature,
         )
         pad = tokenizer.pad_token_id
         self.pad_token_id = int(pad) if pad is not None else self.builder.eos_token_id

@@ -19,10 +19,13 @@ def step_metrics(report: StepReport) -> policy_pb2.StepMetrics:
         return value if math.isfinite(value) else 0.0
 
     built = report.built
+    local = sum(1 for row in built.rows if row.local)
     proto = policy_pb2.StepMetrics(
         reward_mean=finite(built.reward_mean()),
         local_reward_mean=finite(built.reward_mean(local_only=True)),
         step_seconds=report.seconds,
+        local_completions=local,
+        external_completions=len(built.rows) - local,
     )
     if report.stats is not None:
         m = report.stats.metrics

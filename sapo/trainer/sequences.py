@@ -10,8 +10,23 @@ Two ways to get a row's tokens:
   own terms: the prompt is exactly what our own generator would have fed for the question
   (`render_prompt`, ending in the "<answer>" prefill, encoded by `sapo.tasks.encode_prompt`), the
   completion is our encoding of the decoded text without special tokens, plus our EOS when the sender's
-  generation stopped (`with_eos`), so the stop decision is trained. Such rows have no behaviour
+  model ended it with its EOS (`with_eos`), so the stop decision is trained. Such rows have no behaviour
   log-probs.
+
+How a row ends, the same for both kinds. Every generator of the swarm samples with `STOP_STRINGS`
+(`</answer>`) and cuts the completion right after the stop string, with no EOS: the sampler, not the
+model, ends it there. A completion that ended on a stop string therefore ends with the stop string's
+tokens, whether it is our own (as sampled) or a peer's (re-tokenized); only one the model ended by
+sampling its EOS ends with an EOS. Appending our EOS after a stop string, as every stopped peer row once
+got, would train a token our sampler never lets the model produce (and that evaluation never asks for),
+and would make ~15% of external tokens that token, which local rows never have.
+
+Temperature. Log-probs are taken at a temperature (`sapo.grpo.logprobs`). Local rows use the
+temperature their group was sampled at, which their behaviour log-probs were recorded at. External rows
+use the receiver's own sampling temperature (`sampling_temperature`, the trainer setting that must equal
+the node's generator temperature): an on-policy row is scored as the receiver's policy would sample
+it, and in "sender" mode the importance weight compares the receiver's sampling distribution with the
+sender's tempered one. The sender's temperature describes only the sender's sampler.
 
 Each row gets a `RowMode` saying which policy is pi_old (see `sapo.trainer.step`):
 
@@ -44,7 +59,7 @@ from transformers import PreTrainedTokenizerBase
 from sapo.convert import question_from_proto
 from sapo.grpo import TrainSample, with_eos
 from sapo.models import tokenizer_fingerprint
-from sapo.tasks import encode_prompt, render_prompt
+from sapo.tasks import STOP_STRINGS, encode_prompt, render_prompt
 from sapo.v1 import batch_pb2, rollout_pb2
 
 log = logging.getLogger(__name__)
@@ -93,16 +108,23 @@ class SequenceBuilder:
         *,
         max_sequence_tokens: int,
         external_logprobs: ExternalLogprobs = "on_policy",
+        sampling_temperature: float = 1.0,
+        stop_strings: Sequence[str] = STOP_STRINGS,
     ) -> None:
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer defines no EOS token; the stop decision could not be trained")
         if max_sequence_tokens < 2:
             raise ValueError(f"max_sequence_tokens must be >= 2; got {max_sequence_tokens}")
+        if not sampling_temperature > 0:
+            raise ValueError(f"sampling_temperature must be > 0; got {sampling_temperature}")
         self.tokenizer = tokenizer
         self.fingerprint = tokenizer_fingerprint(tokenizer)
         self.eos_token_id = int(tokenizer.eos_token_id)
         self.max_sequence_tokens = max_sequence_tokens
         self.external_logprobs = external_logprobs
+        self.sampling_temperature = sampling_temperature
+        self.stop_strings = tuple(stop_strings)
+        self._warned_temperature = False
 
     def build(self, batch: batch_pb2.TrainingBatch, current_version: int) -> BuiltBatch:
         built = BuiltBatch()
@@ -121,10 +143,13 @@ class SequenceBuilder:
             and len(group.prompt_token_ids) > 0
             and (local or self.external_logprobs == "sender")
         )
-        temperature = float(group.sampling.temperature)
-        if not temperature > 0:
+        sampled_at = float(group.sampling.temperature)
+        if not sampled_at > 0:
             built.skipped["bad_temperature"] += len(group.completions)
             return
+        if local:
+            self._check_own_temperature(sampled_at)
+        temperature = sampled_at if local else self.sampling_temperature
         prompt: Sequence[int] = tuple(group.prompt_token_ids)
         if not as_sampled:
             try:
@@ -188,15 +213,37 @@ class SequenceBuilder:
         built.rows.append(Row(sample, temperature, mode, reward, local))
 
     def _retokenized(self, completion: rollout_pb2.Completion) -> tuple[int, ...]:
-        """Our encoding of the decoded text, plus our EOS when the sender's generation stopped."""
+        """Our encoding of the decoded text, plus our EOS when the sender's model ended it with its EOS
+        (not when a stop string ended it: see the module docstring)."""
         encoded = self.tokenizer.encode(completion.text, add_special_tokens=False)
-        stopped = completion.finish_reason == rollout_pb2.FINISH_REASON_STOP
+        stopped = ended_by_eos(completion, self.stop_strings)
         return with_eos(encoded, stopped=stopped, eos_token_id=self.eos_token_id)
+
+    def _check_own_temperature(self, sampled_at: float) -> None:
+        """Our own groups show our generator's temperature: warn (once) when the setting disagrees."""
+        if self._warned_temperature or math.isclose(sampled_at, self.sampling_temperature, rel_tol=1e-6):
+            return
+        self._warned_temperature = True
+        log.warning(
+            "local groups were sampled at temperature %g but external rows are scored at "
+            "sampling_temperature %g: set SAPO_TRAINER_SAMPLING_TEMPERATURE to the generator's "
+            "SAPO_GENERATOR_TEMPERATURE",
+            sampled_at,
+            self.sampling_temperature,
+        )
 
     def _rendered_prompt(self, group: rollout_pb2.RolloutGroup) -> tuple[int, ...]:
         return encode_prompt(
             self.tokenizer, render_prompt(self.tokenizer, question_from_proto(group.question))
         )
+
+
+def ended_by_eos(completion: rollout_pb2.Completion, stop_strings: Sequence[str]) -> bool:
+    """Whether the model ended the completion by sampling its EOS: finish reason "stop" and the text
+    does not end in a stop string (a sampler cut there, after the stop string, without an EOS)."""
+    if completion.finish_reason != rollout_pb2.FINISH_REASON_STOP:
+        return False
+    return not any(completion.text.endswith(stop) for stop in stop_strings if stop)
 
 
 def _aligned(behaviour: Sequence[float], ids: Sequence[int]) -> bool:

@@ -97,6 +97,15 @@ class TrainerSettings(ServiceSettings, ModelSettings, RoundSettings, PacingSetti
         "the behaviour policy (importance-corrected).",
     )
 
+    sampling_temperature: float = Field(
+        1.0,
+        gt=0.0,
+        le=10.0,
+        description="The node's own sampling temperature: must equal the generator's "
+        "SAPO_GENERATOR_TEMPERATURE (a swarm manifest's `temperature` sets both). External rows are "
+        "scored at it, not at the sender's temperature; a mismatch with the local groups is logged.",
+    )
+
     # --- sequences ---------------------------------------------------------------------------------------
     max_sequence_tokens: int = Field(
         4096,

@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class StepMetrics(_message.Message):
-    __slots__ = ("loss", "reward_mean", "local_reward_mean", "clip_fraction_low", "clip_fraction_high", "grad_norm", "entropy", "completion_tokens", "step_seconds")
+    __slots__ = ("loss", "reward_mean", "local_reward_mean", "clip_fraction_low", "clip_fraction_high", "grad_norm", "entropy", "completion_tokens", "step_seconds", "local_completions", "external_completions")
     LOSS_FIELD_NUMBER: _ClassVar[int]
     REWARD_MEAN_FIELD_NUMBER: _ClassVar[int]
     LOCAL_REWARD_MEAN_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,8 @@ class StepMetrics(_message.Message):
     ENTROPY_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
+    EXTERNAL_COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
     loss: float
     reward_mean: float
     local_reward_mean: float
@@ -28,7 +30,9 @@ class StepMetrics(_message.Message):
     entropy: float
     completion_tokens: int
     step_seconds: float
-    def __init__(self, loss: _Optional[float] = ..., reward_mean: _Optional[float] = ..., local_reward_mean: _Optional[float] = ..., clip_fraction_low: _Optional[float] = ..., clip_fraction_high: _Optional[float] = ..., grad_norm: _Optional[float] = ..., entropy: _Optional[float] = ..., completion_tokens: _Optional[int] = ..., step_seconds: _Optional[float] = ...) -> None: ...
+    local_completions: int
+    external_completions: int
+    def __init__(self, loss: _Optional[float] = ..., reward_mean: _Optional[float] = ..., local_reward_mean: _Optional[float] = ..., clip_fraction_low: _Optional[float] = ..., clip_fraction_high: _Optional[float] = ..., grad_norm: _Optional[float] = ..., entropy: _Optional[float] = ..., completion_tokens: _Optional[int] = ..., step_seconds: _Optional[float] = ..., local_completions: _Optional[int] = ..., external_completions: _Optional[int] = ...) -> None: ...
 
 class PolicyUpdate(_message.Message):
     __slots__ = ("schema_version", "node_id", "version", "manifest_uri", "manifest_sha256", "created_at", "metrics", "batch_id", "epoch")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sapo.experiment.plan import PROFILES
+from sapo.experiment.plan import load_scenario
 from sapo.experiment.runner import write_plan
 from sapo.swarm.manifest import SETTINGS, Service
 from tests.deploy.helm import SERVICES, container, deployment, env_of, render
@@ -20,17 +20,17 @@ pytestmark = pytest.mark.unit
 @pytest.fixture(scope="module")
 def paper_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("plan")
-    write_plan(PROFILES["paper"], out)
+    write_plan(load_scenario("paper"), out)
     return out
 
 
 def test_plan_has_a_manifest_per_run_and_values_per_node(paper_plan: Path) -> None:
-    profile = PROFILES["paper"]
+    scenario = load_scenario("paper")
     runs = sorted(p.name for p in (paper_plan / "helm").iterdir())
-    assert len(runs) == len(profile.mixes) * len(profile.seeds)
+    assert len(runs) == len(scenario.configs) * len(scenario.seeds)
     assert sorted(p.stem for p in (paper_plan / "manifests").iterdir()) == runs
     for run in runs:
-        assert len(list((paper_plan / "helm" / run).glob("node-*.yaml"))) == profile.nodes
+        assert len(list((paper_plan / "helm" / run).glob("node-*.yaml"))) == scenario.groups[0].count
 
 
 @pytest.mark.parametrize("service", SERVICES)

@@ -13,8 +13,8 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
 
 LOCAL_IMPORTS = {
-    ("sapo.cli", "sapo.experiment.analysis"): "start-up time: the CLI's light commands never load torch",
-    ("sapo.cli", "sapo.experiment.plan"): "start-up time",
+    ("sapo.cli", "sapo.experiment.plan"): "start-up time: the CLI's light commands never load torch",
+    ("sapo.cli", "sapo.experiment.results"): "start-up time",
     ("sapo.cli", "sapo.experiment.runner"): "start-up time",
     ("sapo.cli", "sapo.swarm.manifest"): "start-up time",
     ("sapo.cli", "sapo.swarm.run"): "start-up time",

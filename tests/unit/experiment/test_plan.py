@@ -1,4 +1,5 @@
-"""Experiment plans: the four configurations differ only in I/J, and bad overrides fail with what to set."""
+"""Scenarios: shipped files are valid plans, configurations of one seed differ only in what they set,
+node groups and task subsets reach the manifests, and bad scenarios fail with what to fix."""
 
 from __future__ import annotations
 
@@ -6,31 +7,69 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from sapo.cli import main
-from sapo.experiment.plan import PAPER_MIXES, PROFILES, manifest_data, node_seed, parse_mix, run_name, select
+from sapo.experiment.plan import (
+    checked_manifest,
+    load_scenario,
+    manifest_data,
+    node_seed,
+    parse_assignment,
+    run_name,
+    scenario_names,
+    select,
+)
+from sapo.sampler.assembler import RoundMode
 from sapo.settings import ConfigError
-from sapo.swarm.manifest import parse_manifest
+from sapo.swarm.manifest import parse_manifest, resolve
+
+SHIPPED = ("capability", "cpu", "homogeneous", "paper", "reference", "selection", "silo", "silo-135m")
 
 
-def test_every_profile_and_configuration_is_a_valid_manifest() -> None:
-    for profile in PROFILES.values():
-        for mix in profile.mixes:
-            manifest = parse_manifest(manifest_data(profile, mix, seed=1))
-            assert len(manifest.nodes) == profile.nodes
-            assert {(n.local_groups, n.external_groups) for n in manifest.nodes} == {mix}
-            assert {n.round_mode for n in manifest.nodes} == {"lockstep"}
+def test_every_shipped_scenario_and_configuration_is_a_valid_plan() -> None:
+    assert set(SHIPPED) <= set(scenario_names())
+    for name in scenario_names():
+        scenario = load_scenario(name)
+        assert scenario.evaluation.questions >= 256  # the held-out set the reports need
+        for config in scenario.configs:
+            manifest = checked_manifest(scenario, config, seed=scenario.seeds[0])
+            assert len(manifest.nodes) == sum(g.count for g in scenario.groups)
+            modes = {resolve(manifest, n, Path("checkpoints")).sampler.round_mode for n in manifest.nodes}
+            assert modes == {RoundMode.LOCKSTEP}
 
 
-def test_configurations_of_one_seed_differ_only_in_the_mix() -> None:
-    profile = PROFILES["cpu"]
-    dumps = []
-    for mix in PAPER_MIXES:
-        manifest = parse_manifest(manifest_data(profile, mix, seed=2))
-        nodes = [n.model_dump(exclude={"local_groups", "external_groups"}) for n in manifest.nodes]
-        dumps.append(nodes)
-    assert all(d == dumps[0] for d in dumps)
-    assert {n["model"] for n in dumps[0]} == {"warm:2"}
+def test_configurations_of_one_seed_differ_only_in_what_they_set() -> None:
+    scenario = load_scenario("reference")
+    dumps = {}
+    for config in scenario.configs:
+        manifest = parse_manifest(manifest_data(scenario, config, seed=2))
+        dumps[config] = [
+            n.model_dump(exclude={"local_groups", "external_groups", "sampler"}) for n in manifest.nodes
+        ]
+        keep = {n.sampler.get("keep_local_zero_advantage", False) for n in manifest.nodes}
+        assert keep == {config.endswith("-ref")}
+        assert {(n.local_groups, n.external_groups) for n in manifest.nodes} == {
+            (8, 0) if config.startswith("8/0") else (4, 4)
+        }
+    first = next(iter(dumps.values()))
+    assert all(d == first for d in dumps.values())
+    assert {n["model"] for n in first} == {"warm-bpe:2"}
+
+
+def test_node_groups_and_task_subsets_reach_each_node() -> None:
+    silo = parse_manifest(manifest_data(load_scenario("silo"), "4/4", seed=1))
+    assert [n.id for n in silo.nodes] == ["calendar-1", "logic-1", "fraction-1", "arith-1"]
+    assert silo.nodes[1].profile == "easy:propositional_logic"
+    capability = parse_manifest(manifest_data(load_scenario("capability"), "8/0", seed=3))
+    models = {n.id: n.model for n in capability.nodes}
+    assert models == {
+        "strong-1": "warm-bpe:3",
+        "strong-2": "warm-bpe:3",
+        "weak-1": "warm-bpe:3:64x2:100",
+        "weak-2": "warm-bpe:3:64x2:100",
+    }
+    assert [n.seed for n in capability.nodes] == [node_seed(3, i) for i in range(4)]
 
 
 def test_node_streams_never_repeat_across_nodes_or_seeds() -> None:
@@ -38,44 +77,85 @@ def test_node_streams_never_repeat_across_nodes_or_seeds() -> None:
     assert len(seeds) == 40
 
 
-def test_paper_profile_is_the_papers_setup() -> None:
-    paper = PROFILES["paper"]
-    assert (paper.nodes, paper.rounds, paper.questions_per_round, paper.completions_per_question) == (
-        8,
+def test_paper_scenario_is_the_papers_setup() -> None:
+    paper = load_scenario("paper")
+    manifest = parse_manifest(manifest_data(paper, "2/6", seed=0))
+    settings = resolve(manifest, manifest.nodes[0], Path("checkpoints"))
+    generator, sampler = settings.generator, settings.sampler
+    assert (len(paper.groups), paper.groups[0].count) == (1, 8)
+    assert list(paper.configs) == ["8/0", "6/2", "4/4", "2/6"]
+    assert (settings.trainer.rounds, sampler.questions_per_round, generator.completions_per_question) == (
         2000,
         8,
         8,
     )
-    assert paper.mixes == ((8, 0), (6, 2), (4, 4), (2, 6))
-    assert paper.max_new_tokens == 256
+    assert (generator.max_new_tokens, generator.profile, sampler.local_groups, sampler.external_groups) == (
+        256,
+        "paper",
+        2,
+        6,
+    )
 
 
-def test_parse_mix_and_names() -> None:
-    assert parse_mix(" 6/2 ") == (6, 2)
-    assert run_name((6, 2), 3) == "i6-j2-s3"
-    with pytest.raises(ConfigError, match="I/J"):
-        parse_mix("6-2")
+def test_selection_and_overrides() -> None:
+    scenario = select(
+        load_scenario("selection"),
+        configs=["4/4-guided", "6/2"],
+        seeds=[7],
+        overrides=dict([parse_assignment("rounds=3"), parse_assignment("sampler.max_per_source=3")]),
+        evaluation={"questions": 8},
+    )
+    assert list(scenario.configs) == ["4/4-guided", "6/2"]
+    assert scenario.comparisons == (("6/2", "4/4-guided"),)  # the baseline left: the first picked
+    node = parse_manifest(manifest_data(scenario, "4/4-guided", 7)).nodes[0]
+    assert (node.rounds, node.model) == (3, "warm-bpe:7")
+    assert node.sampler == {"lockstep_timeout_s": 120, "selection": "reward_guided", "max_per_source": 3}
+    assert scenario.evaluation.questions == 8 and scenario.evaluation.samples == 4
+    assert run_name("6/2", 3) == "i6-j2-s3" and run_name("4/4-guided", 0) == "4-4-guided-s0"
 
 
-def test_select_refuses_a_mix_a_round_cannot_fill() -> None:
-    with pytest.raises(ConfigError, match="cannot exceed"):
-        select(PROFILES["cpu"], mixes=((9, 0),))
-    with pytest.raises(ConfigError, match="at least one group"):
-        select(PROFILES["cpu"], mixes=((0, 0),))
-    with pytest.raises(ConfigError, match="at least 2 nodes"):
-        select(PROFILES["cpu"], nodes=1)
-    chosen = select(PROFILES["cpu"], seeds=(7,), rounds=3, model="tiny:{seed}")
-    assert (chosen.seeds, chosen.rounds) == ((7,), 3)
-    assert parse_manifest(manifest_data(chosen, (4, 4), 7)).nodes[0].model == "tiny:7"
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"configs": {"8/0": {}, "Bad Name": {}}}, "configuration name 'Bad Name'"),
+        ({"baseline": "9/9"}, "'9/9' is not one of the configurations"),
+        ({"comparisons": ["8/0 against 4/4"]}, "write '<config> vs <config>'"),
+        ({"nodes": [{"name": "a", "count": 1}, {"name": "a", "count": 1}]}, "unique"),
+        ({"evaluation": {"profile": "easy", "questions": 256}}, "evaluation.samples"),
+        ({"rounds": 3}, "rounds: Extra inputs are not permitted"),
+    ],
+)
+def test_bad_scenarios_fail_saying_what_to_fix(
+    tmp_path: Path, change: dict[str, object], message: str
+) -> None:
+    data = yaml.safe_load((Path(load_scenario("homogeneous").source)).read_text()) | change
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=message):
+        load_scenario(str(path))
+
+
+def test_a_bad_service_setting_fails_at_plan_time_naming_it(tmp_path: Path) -> None:
+    scenario = select(load_scenario("homogeneous"), overrides={"sampler.selektion": "uniform"})
+    with pytest.raises(ConfigError, match="SAPO_SAMPLER_SELEKTION"):
+        checked_manifest(scenario, "4/4", 0)
+    with pytest.raises(ConfigError, match="not in scenario homogeneous"):
+        select(load_scenario("homogeneous"), configs=["4/4-guided"])
+    with pytest.raises(ConfigError, match="one-group scenarios"):
+        select(load_scenario("silo"), nodes=2)
 
 
 def test_cli_plan_only_writes_the_plan_and_bad_configurations_fail_with_what_to_set(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     out = tmp_path / "plan"
-    assert main(["experiment", "--out", str(out), "--plan-only", "--configs", "8/0,4/4", "--seeds", "5"]) == 0
+    args = ["experiment", "--out", str(out), "--plan-only", "--configs", "8/0,4/4", "--seeds", "5"]
+    assert main(args) == 0
     plan = json.loads((out / "experiment.json").read_text())
-    assert (plan["mixes"], plan["seeds"]) == ([[8, 0], [4, 4]], [5])
+    assert (list(plan["configs"]), plan["seeds"], plan["name"]) == (["8/0", "4/4"], [5], "cpu")
     assert sorted(p.name for p in (out / "manifests").iterdir()) == ["i4-j4-s5.json", "i8-j0-s5.json"]
+    assert sorted(p.name for p in (out / "helm" / "i4-j4-s5").iterdir())[0] == "node-1.yaml"
     assert main(["experiment", "--out", str(out), "--plan-only", "--configs", "4-4"]) == 2
-    assert "write it as I/J" in caplog.text
+    assert "not an I/J mix" in caplog.text
+    assert main(["experiment", "--scenario", "nope", "--out", str(out), "--plan-only"]) == 2
+    assert "neither a shipped scenario" in caplog.text

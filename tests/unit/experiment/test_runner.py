@@ -1,47 +1,73 @@
-"""A whole experiment, small: two configurations of a 2-node in-process swarm of tiny models, then the
-report; running the command again skips what is finished."""
+"""A whole experiment, small: a scenario file with two node groups and two configurations, run as
+in-process swarms of tiny models, evaluated, reported; running the command again skips what is finished."""
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 from pathlib import Path
 
-from sapo.experiment.plan import PROFILES, select
-from sapo.experiment.runner import run_experiment
+import yaml
+
+from sapo.experiment.plan import load_scenario, recorded_scenario
+from sapo.experiment.runner import planned_runs, run_experiment
+
+SCENARIO = {
+    "name": "tiny",
+    "description": "two groups of tiny models",
+    "seeds": [3],
+    "evaluation": {"profile": "easy", "questions": 4, "samples": 2},
+    "defaults": {
+        "model": "tiny:{seed}",
+        "rounds": 2,
+        "questions_per_round": 2,
+        "completions_per_question": 2,
+        "max_new_tokens": 4,
+    },
+    "nodes": [
+        {"name": "calendar", "count": 1, "profile": "easy:calendar_arithmetic"},
+        {"name": "mixed", "count": 1, "profile": "easy", "model": "tiny:{seed}:16x1"},
+    ],
+    "configs": {
+        "2/0": {},
+        "1/1-ref": {"local_groups": 1, "external_groups": 1, "sampler": {"keep_local_zero_advantage": True}},
+    },
+    "confirm": "1/1-ref",
+}
 
 
 def test_experiment_runs_evaluates_reports_and_resumes(tmp_path: Path) -> None:
-    profile = dataclasses.replace(
-        select(PROFILES["cpu"], mixes=((2, 0), (1, 1)), seeds=(3,), rounds=2, nodes=2, model="tiny:{seed}"),
-        questions_per_round=2,
-        completions_per_question=2,
-        max_new_tokens=4,
-        eval_questions=4,
-        eval_samples=2,
-    )
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(SCENARIO, sort_keys=False))
+    scenario = load_scenario(str(path))
+    out_dir = tmp_path / "out"
+    assert [r.name for r in planned_runs(scenario, "inprocess", confirm=True)] == ["1-1-ref-s3-services"]
     out = io.StringIO()
     code = run_experiment(
-        profile, tmp_path, mode="inprocess", command="test", keep_checkpoints=False, out=out
+        scenario, out_dir, mode="inprocess", command="test", keep_checkpoints=False, out=out
     )
     assert code == 0, out.getvalue()
-    for run in ("i2-j0-s3", "i1-j1-s3"):
-        run_dir = tmp_path / "runs" / run
+    for run in ("i2-j0-s3", "1-1-ref-s3"):
+        run_dir = out_dir / "runs" / run
         result = json.loads((run_dir / "result.json").read_text())
-        assert result["final_versions"] == {"node-1": 2, "node-2": 2}
-        assert set(result["heldout_after"]) == {"node-1", "node-2"}
-        assert result["heldout_before"]["questions"] == 4
+        assert result["final_versions"] == {"calendar-1": 2, "mixed-1": 2}
+        assert result["groups"] == {"calendar-1": "calendar", "mixed-1": "mixed"}
+        assert set(result["heldout_after"]) == set(result["heldout_before"]) == {"calendar-1", "mixed-1"}
+        assert len(result["heldout_after"]["mixed-1"]["per_question"]) == 4
         assert not (run_dir / "checkpoints").exists()  # evaluated, then removed
         manifest = json.loads((run_dir / "manifest.json").read_text())
-        assert {n["model"] for n in manifest["nodes"]} == {"tiny:3"}
-    report = (tmp_path / "report.md").read_text()
-    assert "| 2/0 | 1 |" in report and "| 1/1 |" in report
-    assert (tmp_path / "baseline-s3.json").exists()
+        assert [n["model"] for n in manifest["nodes"]] == ["tiny:3", "tiny:3:16x1"]
+        assert {s["version"] for s in map(json.loads, (run_dir / "steps" / "mixed-1.jsonl").open())} == {1, 2}
+    assert len(list((out_dir / "baselines").glob("*.json"))) == 2  # one per initial model
+    report = (out_dir / "report.md").read_text()
+    assert "| 1/1-ref vs 2/0 | all | 1 |" in report and "| 1/1-ref vs 2/0 | calendar | 1 |" in report
+    assert "easy:calendar_arithmetic" in (out_dir / "experiment.json").read_text()
 
     again = io.StringIO()
     assert (
-        run_experiment(profile, tmp_path, mode="inprocess", command="test", keep_checkpoints=False, out=again)
+        run_experiment(scenario, out_dir, mode="inprocess", command="test", keep_checkpoints=False, out=again)
         == 0
     )
     assert again.getvalue().count("finished earlier, skipped") == 2
+    recorded = recorded_scenario(out_dir / "experiment.json")
+    assert recorded is not None and recorded.as_data() == scenario.as_data()

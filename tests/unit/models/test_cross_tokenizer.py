@@ -29,6 +29,7 @@ from sapo.tasks import (
     score,
 )
 from sapo.trainer import RowMode, SequenceBuilder
+from sapo.trainer.sequences import ended_by_eos
 from sapo.v1 import rollout_pb2
 from sapo.wire import now_timestamp
 from tests.unit.sampler.builders import screen_config
@@ -110,7 +111,7 @@ def test_a_peer_of_another_tokenizer_verifies_and_trains_on_the_group(
             assert row.mode is RowMode.ON_POLICY and not row.local
             assert row.sample.prompt_ids == own_prompt  # our template, not the sender's ids
             ids = row.sample.completion_ids
-            stopped = completion.finish_reason == rollout_pb2.FINISH_REASON_STOP
+            stopped = ended_by_eos(completion, STOP_STRINGS)  # not after a stop string: the sampler cut it
             assert (ids[-1] == eos) == stopped
             body = ids[:-1] if stopped else ids
             assert receiver_tokenizer.decode(list(body)) == completion.text  # the exact text, our ids

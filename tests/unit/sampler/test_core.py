@@ -98,3 +98,23 @@ def test_a_group_that_is_not_its_senders_is_refused_before_it_counts_as_an_arriv
     assert core.admit(real_group(RECORDS[3], "peer-1"), "external", "e", now, Sender("peer-1", "k1")) is None
     assembly = core.next_batch(now)
     assert assembly is not None and sorted(e.handle for e in assembly.entries) == ["e", "l0", "l1"]
+
+
+@pytest.mark.parametrize(("keep", "local_groups"), [(False, 1), (True, 2)])
+def test_the_reference_baseline_trains_on_own_zero_advantage_groups(keep: bool, local_groups: int) -> None:
+    core = _core(keep_local_zero_advantage=keep)
+    now = time.time()
+    no_signal = real_group(RECORDS[0], NODE, (True, True), round_=0)
+    assert admit(core, no_signal, "local", "l0", now) == (None if keep else "no_signal")
+    assert admit(core, real_group(RECORDS[1], NODE, (True, False), round_=0), "local", "l1", now) is None
+    peer_flat = real_group(RECORDS[6], "peer-1", (False, False), round_=0)
+    assert admit(core, peer_flat, "external", "e0", now) == "no_signal"  # the swarm's is always filtered
+    assert (
+        admit(core, real_group(RECORDS[7], "peer-1", (True, False), round_=0), "external", "e1", now) is None
+    )
+    assembly = core.next_batch(now)
+    assert assembly is not None
+    batch = core.build(assembly, [], wire.now_timestamp())
+    sources = [bg.source for bg in batch.groups]
+    assert sources.count(batch_pb2.GROUP_SOURCE_LOCAL) == local_groups
+    assert sources.count(batch_pb2.GROUP_SOURCE_EXTERNAL) == 1

@@ -106,6 +106,18 @@ def test_error_completions_are_dropped_not_scored() -> None:
 def test_zero_advantage_groups_are_dropped() -> None:
     all_right = real_group(RECORDS[0], "peer-1", (True, True, True))
     assert honest(_screen(), all_right, "external", time.time(), 0) == "no_signal"
+    assert (
+        honest(_screen(), real_group(RECORDS[0], NODE, (True, True)), "local", time.time(), 0) == "no_signal"
+    )
+
+
+def test_the_reference_baseline_keeps_own_zero_advantage_groups_and_filters_the_swarms() -> None:
+    screen = _screen(keep_local_zero_advantage=True)
+    own = honest(screen, real_group(RECORDS[0], NODE, (True, True, True)), "local", time.time(), 0)
+    assert isinstance(own, Scored)
+    assert own.rewards == (1.0, 1.0, 1.0) and own.advantages == (0.0, 0.0, 0.0)
+    peer = real_group(RECORDS[1], "peer-1", (False, False, False))
+    assert honest(screen, peer, "external", time.time(), 0) == "no_signal"
 
 
 @pytest.mark.parametrize(

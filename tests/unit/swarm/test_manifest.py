@@ -82,3 +82,22 @@ def test_example_manifests_parse() -> None:
     assert examples, "examples/*.yaml missing"
     for path in examples:
         assert load_manifest(path).nodes
+
+
+def test_one_temperature_reaches_the_generator_and_the_trainer() -> None:
+    """The trainer scores peers' rows at its own generator's temperature: one manifest key sets both,
+    and so does a raw generator temperature; unset leaves both services at their default."""
+    short, raw, unset = parse_manifest(
+        {
+            "nodes": [
+                {"id": "a", "rounds": 1, "temperature": 0.7},
+                {"id": "b", "rounds": 1, "generator": {"temperature": 0.6}},
+                {"id": "c", "rounds": 1},
+            ]
+        }
+    ).nodes
+    assert service_values(short, "generator", 0)["temperature"] == 0.7
+    assert service_values(short, "trainer", 0)["sampling_temperature"] == 0.7
+    assert service_values(raw, "trainer", 0)["sampling_temperature"] == 0.6
+    assert "temperature" not in service_values(unset, "generator", 0)
+    assert "sampling_temperature" not in service_values(unset, "trainer", 0)

@@ -12,6 +12,7 @@ from sapo.tasks import (
     ProfileError,
     TaskSpec,
     get_profile,
+    load_profile,
     profile_from_dict,
     validate_profile,
 )
@@ -66,6 +67,17 @@ def test_builtin_profiles_validate_and_resolve_by_name() -> None:
 def test_unknown_profile_name_lists_the_choices() -> None:
     with pytest.raises(ProfileError, match="set it to one of: easy, paper"):
         get_profile("papr")
+
+
+def test_a_subset_of_a_builtin_profile_keeps_its_tasks_settings() -> None:
+    silo = load_profile("easy:propositional_logic, basic_arithmetic")
+    assert silo == tuple(
+        spec for spec in EASY_PROFILE if spec.name in {"propositional_logic", "basic_arithmetic"}
+    )
+    with pytest.raises(ProfileError, match="arc_1d is not in the profile; pick from calendar_arithmetic"):
+        load_profile("easy:arc_1d")
+    with pytest.raises(ProfileError, match="no task"):
+        load_profile("easy:")
 
 
 def test_profile_from_dict_sorts_tasks_and_defaults_weight() -> None:

@@ -1,8 +1,10 @@
 """Real TrainingBatch messages for trainer tests: easy-profile questions, our prompt, scored completions.
 
-Local groups carry what a generator on our tokenizer would send: the prompt ids, the completion ids with
-the EOS it sampled, and behaviour log-probs computed by a given model (so at staleness 0 the trainer's
-first ratio is 1). External groups carry only text, as a peer with another tokenizer would.
+Local groups carry what a generator on our tokenizer would send: the prompt ids, the completion ids (a
+completion that "stopped" ends with the EOS the model sampled, unless its text ends in a stop string: the
+generator cuts those after the stop string, with no EOS), and behaviour log-probs computed by a given
+model (so at staleness 0 the trainer's first ratio is 1). External groups carry only text, as a peer with
+another tokenizer would.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from sapo.convert import question_from_proto, question_to_proto
 from sapo.grpo import TrainSample, group_advantages, pack, policy_logprobs
 from sapo.models import build_tiny_model, tokenizer_fingerprint
-from sapo.tasks import EASY_PROFILE, TaskStream
+from sapo.tasks import EASY_PROFILE, STOP_STRINGS, TaskStream
 from sapo.tasks import prompt_ids as encoded_prompt
 from sapo.trainer import OptimConfig, StepConfig
 from sapo.trainer.settings import TrainerSettings
@@ -93,7 +95,7 @@ def local_group(
     prompt = prompt_ids(tokenizer, question)
     eos = int(tokenizer.eos_token_id)
     ids = [
-        [*tokenizer.encode(t, add_special_tokens=False), *([eos] if r == STOP else [])]
+        [*tokenizer.encode(t, add_special_tokens=False), *([eos] if ended_by_eos(t, r) else [])]
         for t, r in zip(texts, reasons, strict=True)
     ]
     logprobs = score(model, prompt, ids, temperature)
@@ -111,6 +113,11 @@ def local_group(
     return _group(
         question, completions, fingerprint, prompt, policy_version=policy_version, temperature=temperature
     )
+
+
+def ended_by_eos(text: str, reason: rollout_pb2.FinishReason) -> bool:
+    """As the generator: a stop string ends a completion without EOS; any other stop is the model's EOS."""
+    return reason == STOP and not text.endswith(STOP_STRINGS)
 
 
 def external_group(

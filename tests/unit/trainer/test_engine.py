@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from sapo.trainer import (
     Trainer,
     lr_factor,
     plan_micro_batches,
+    step_metrics,
     train_on_batch,
 )
 from sapo.v1 import batch_pb2, question_pb2
@@ -29,7 +31,9 @@ def _trainer(
     root: Path,
     *,
     lr: float = 1e-2,
+    warmup_steps: int = 2,
     steps_per_batch: int = 1,
+    **options: Any,
 ) -> Trainer:
     return Trainer(
         model,
@@ -37,9 +41,10 @@ def _trainer(
         model_ref="tiny:0",
         node_id="node-a",
         store=CheckpointStore(root),
-        optim=b.optim_config(lr=lr, warmup_steps=2),
+        optim=b.optim_config(lr=lr, warmup_steps=warmup_steps),
         step=b.step_config(steps_per_batch=steps_per_batch),
         max_sequence_tokens=512,
+        **options,
     )
 
 
@@ -201,15 +206,11 @@ def test_gradient_checkpointing_gives_the_same_update(
     group = b.local_group(b.tiny(tokenizer), tokenizer, questions[0], list(b.answers(questions[0])))
     batch = b.training_batch(0, [b.batch_group(group, [1.0, 0.0])])
     trainers = [
-        Trainer(
+        _trainer(
             b.tiny(tokenizer),
             tokenizer,
-            model_ref="tiny:0",
-            node_id="node-a",
-            store=CheckpointStore(tmp_path / str(checkpointing)),
-            optim=b.optim_config(lr=1e-2),
-            step=b.step_config(),
-            max_sequence_tokens=512,
+            tmp_path / str(checkpointing),
+            warmup_steps=0,
             gradient_checkpointing=checkpointing,
         )
         for checkpointing in (False, True)
@@ -265,3 +266,36 @@ def test_learning_rate_schedule_warms_up_then_holds_or_decays() -> None:
     assert factors[:3] == pytest.approx([0.5, 1.0, 1.0])
     assert factors[4] == pytest.approx(0.55)
     assert factors[6:] == pytest.approx([0.1, 0.1])
+
+
+def test_the_senders_temperature_does_not_change_what_the_receiver_trains(
+    tokenizer: PreTrainedTokenizerBase, questions: list[question_pb2.Question], tmp_path: Path
+) -> None:
+    """A peer's text is trained as our policy samples (at our temperature, 0.8 here): the same text sent
+    by a peer sampling at 0.3 or at 0.8 makes the same update."""
+    updated = []
+    for sender in (0.3, 0.8):
+        group = b.external_group(questions[0], list(b.answers(questions[0])), temperature=sender)
+        batch = b.training_batch(0, [b.batch_group(group, [1.0, 0.0], b.EXTERNAL)])
+        trainer = _trainer(
+            b.tiny(tokenizer), tokenizer, tmp_path / str(sender), warmup_steps=0, sampling_temperature=0.8
+        )
+        report = trainer.apply(batch)
+        assert report.stats is not None and report.stats.optimizer_steps == 1
+        updated.append(list(trainer.model.parameters()))
+    for x, y in zip(*updated, strict=True):
+        torch.testing.assert_close(x, y, atol=0, rtol=0)
+
+
+def test_step_metrics_say_how_many_local_and_external_completions_were_trained(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    questions: list[question_pb2.Question],
+    tmp_path: Path,
+) -> None:
+    """The run record derives the external groups' mean reward from these counts (reference metric)."""
+    batch = _batches(model, tokenizer, questions)[0]  # local rewards 1, 0, 1; external 1, 0
+    metrics = step_metrics(_trainer(model, tokenizer, tmp_path).apply(batch))
+    assert (metrics.local_completions, metrics.external_completions) == (3, 2)
+    assert metrics.reward_mean == pytest.approx(3 / 5)
+    assert metrics.local_reward_mean == pytest.approx(2 / 3)

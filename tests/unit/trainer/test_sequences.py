@@ -26,8 +26,9 @@ def _builder(
 def test_local_rows_reuse_prompt_and_sampled_ids_with_eos_and_behaviour_logprobs(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, questions: list[question_pb2.Question]
 ) -> None:
-    good, bad = b.answers(questions[0])
-    group = b.local_group(model, tokenizer, questions[0], [good, bad], finish=[b.STOP, b.LENGTH])
+    _, bad = b.answers(questions[0])
+    texts = [questions[0].answer, bad]  # the model sampled its EOS; the length limit cut the other
+    group = b.local_group(model, tokenizer, questions[0], texts, finish=[b.STOP, b.LENGTH])
     batch = b.training_batch(0, [b.batch_group(group, [1.0, 0.0])])
 
     rows = _builder(tokenizer).build(batch, current_version=0).rows
@@ -44,6 +45,29 @@ def test_local_rows_reuse_prompt_and_sampled_ids_with_eos_and_behaviour_logprobs
     stale = _builder(tokenizer).build(batch, current_version=1)
     assert [r.mode for r in stale.rows] == [RowMode.CORRECTED] * 2
     assert stale.staleness == [1]
+
+
+def test_a_completion_ends_alike_as_our_own_row_and_as_a_peers_retokenized_text(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, questions: list[question_pb2.Question]
+) -> None:
+    question = questions[0]
+    # Ended by the stop string (the generator cuts there, no EOS), by the model's EOS, by the length limit.
+    texts = [f"{question.answer}</answer>", question.answer, f"{question.answer} and"]
+    finish = [b.STOP, b.STOP, b.LENGTH]
+    own = b.local_group(model, tokenizer, question, texts, finish=finish)
+    peer = b.external_group(question, texts, finish=finish)
+    batch = b.training_batch(
+        0, [b.batch_group(own, [1.0, 0.0, 0.0]), b.batch_group(peer, [1.0, 0.0, 0.0], b.EXTERNAL)]
+    )
+
+    rows = _builder(tokenizer).build(batch, current_version=0).rows
+
+    local = [r.sample.completion_ids for r in rows if r.local]
+    external = [r.sample.completion_ids for r in rows if not r.local]
+    assert external == local
+    eos = tokenizer.eos_token_id
+    assert [ids[-1] == eos for ids in external] == [False, True, False]
+    assert not any(eos in ids[:-1] for ids in external)
 
 
 def test_training_scores_each_token_at_the_position_the_generator_sampled_it(
@@ -78,8 +102,9 @@ def test_external_text_is_retokenized_with_our_prompt_and_our_eos(
 ) -> None:
     question = questions[1]
     good, bad = b.answers(question)
-    group = b.external_group(question, [good, bad], finish=[b.STOP, b.LENGTH], temperature=0.8)
-    batch = b.training_batch(0, [b.batch_group(group, [1.0, 0.0], b.EXTERNAL)])
+    texts = [good, bad, question.answer]
+    group = b.external_group(question, texts, finish=[b.STOP, b.LENGTH, b.STOP])
+    batch = b.training_batch(0, [b.batch_group(group, [1.0, 0.0, 1.0], b.EXTERNAL)])
 
     rows = _builder(tokenizer).build(batch, current_version=5).rows
 
@@ -87,11 +112,35 @@ def test_external_text_is_retokenized_with_our_prompt_and_our_eos(
     assert rows[0].sample.prompt_ids == expected_prompt  # what our own generator feeds for it
     assert str(tokenizer.decode(list(rows[0].sample.prompt_ids))).endswith(ANSWER_PREFILL)
     eos = tokenizer.eos_token_id
-    assert rows[0].sample.completion_ids == (*tokenizer.encode(good, add_special_tokens=False), eos)
-    assert rows[1].sample.completion_ids == tuple(tokenizer.encode(bad, add_special_tokens=False))
-    assert [r.mode for r in rows] == [RowMode.ON_POLICY] * 2
+    encoded = [tuple(tokenizer.encode(t, add_special_tokens=False)) for t in texts]
+    # The stop string ended the first, the length limit the second, the sender's EOS the third.
+    assert [r.sample.completion_ids for r in rows] == [encoded[0], encoded[1], (*encoded[2], eos)]
+    assert [r.mode for r in rows] == [RowMode.ON_POLICY] * 3
     assert all(r.sample.behaviour_logprobs is None and not r.local for r in rows)
-    assert [r.temperature for r in rows] == pytest.approx([0.8, 0.8])
+
+
+def test_external_rows_are_scored_at_the_receivers_sampling_temperature(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, questions: list[question_pb2.Question]
+) -> None:
+    own = b.local_group(model, tokenizer, questions[0], list(b.answers(questions[0])), temperature=0.8)
+    text = b.external_group(questions[1], list(b.answers(questions[1])), temperature=0.5)
+    ids = b.local_group(model, tokenizer, questions[2], list(b.answers(questions[2])), temperature=0.5)
+    batch = b.training_batch(
+        0,
+        [
+            b.batch_group(own, [1.0, 0.0]),
+            b.batch_group(text, [1.0, 0.0], b.EXTERNAL),
+            b.batch_group(ids, [1.0, 0.0], b.EXTERNAL),
+        ],
+    )
+    for external in ("on_policy", "sender"):
+        builder = SequenceBuilder(
+            tokenizer, max_sequence_tokens=1024, external_logprobs=external, sampling_temperature=0.8
+        )
+        rows = builder.build(batch, current_version=0).rows
+        # Our own rows at the temperature they were sampled at (their behaviour log-probs are at it);
+        # the peers' rows at ours, whatever the senders sampled at.
+        assert [r.temperature for r in rows] == pytest.approx([0.8] * 6)
 
 
 def test_sender_logprobs_are_used_only_in_sender_mode_and_with_our_tokenizer(
@@ -112,7 +161,8 @@ def test_sender_logprobs_are_used_only_in_sender_mode_and_with_our_tokenizer(
     )  # another tokenizer: its ids and log-probs are meaningless here
     other = _builder(tokenizer, external="sender").build(b.training_batch(0, [external]), 0).rows
     assert [r.mode for r in other] == [RowMode.ON_POLICY] * 2
-    assert other[0].sample.completion_ids[-1] == tokenizer.eos_token_id
+    text = peer.completions[0].text
+    assert other[0].sample.completion_ids == tuple(tokenizer.encode(text, add_special_tokens=False))
 
 
 def test_failures_are_skipped_and_long_rows_truncated_with_counts(

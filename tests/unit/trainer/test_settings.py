@@ -37,3 +37,15 @@ def test_env_names_and_nested_consumer_profile(monkeypatch: pytest.MonkeyPatch) 
 def test_invalid_combinations_say_what_to_set(overrides: dict[str, object], fix: str) -> None:
     with pytest.raises(ConfigError, match=fix):
         load_settings(TrainerSettings, node_id="node-3", **overrides)
+
+
+def test_sampling_temperature_defaults_to_the_generators_temperature() -> None:
+    """A node configured with neither setting scores peers' rows at the temperature it samples at."""
+    from sapo.generator.settings import GeneratorSettings
+
+    trainer = load_settings(TrainerSettings, node_id="node-3")
+    generator = load_settings(GeneratorSettings, node_id="node-3")
+    assert trainer.sampling_temperature == generator.temperature
+    assert TrainerSettings.model_fields["sampling_temperature"].metadata == (
+        GeneratorSettings.model_fields["temperature"].metadata
+    )
