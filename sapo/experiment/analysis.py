@@ -37,6 +37,7 @@ from typing import Any
 
 from sapo.experiment.plan import group_of, parse_mix
 from sapo.experiment.stats import Interval, paired_interval
+from sapo.generator.settings import GeneratorSettings
 from sapo.swarm.history import ROUNDS_DIR, STEPS_DIR, read_rows
 from sapo.tasks import load_profile
 
@@ -136,6 +137,9 @@ def _sampled_tasks(manifest: dict[str, Any], heldout_profile: str | None) -> dic
     return out
 
 
+_DEFAULT_COMPLETIONS: int = GeneratorSettings.model_fields["completions_per_question"].default
+
+
 def load_run(run_dir: Path, heldout_profile: str | None = None) -> RunRecord:
     """A run's record. Records of earlier versions (one shared held-out baseline, no node groups, no
     step counts) load too: their reference-style metric is NaN."""
@@ -151,8 +155,15 @@ def load_run(run_dir: Path, heldout_profile: str | None = None) -> RunRecord:
         own[n], batch[n] = rounds, [s["reward_mean"] for s in steps]
         spec = specs.get(n, {})
         mix = parse_mix(result.get("mix", "")) or (0, 0)
-        local = int(spec.get("local_groups", mix[0]))
-        reference[n] = _reference_curve(rounds, steps, local, int(spec.get("completions_per_question", 8)))
+        # A manifest records a short key left to its service's default as null.
+        local = spec.get("local_groups")
+        completions = spec.get("completions_per_question")
+        reference[n] = _reference_curve(
+            rounds,
+            steps,
+            mix[0] if local is None else int(local),
+            _DEFAULT_COMPLETIONS if completions is None else int(completions),
+        )
     before = result["heldout_before"]
     shared = "reward_mean" in before  # earlier records: one evaluation of the common initial model
     return RunRecord(
