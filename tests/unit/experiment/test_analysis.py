@@ -39,7 +39,8 @@ def _write_run(
     own: dict[str, list[float]],
     batch: dict[str, list[float]],
     *,
-    local_groups: int = 4,
+    local_groups: int | None = 4,
+    completions: int | None = 8,
     counts: tuple[int, int] | None = None,
     local_mean: float = 0.0,
     after: dict[str, list[float]] | None = None,
@@ -60,7 +61,12 @@ def _write_run(
     nodes = sorted(own)
     manifest = {
         "nodes": [
-            {"id": n, "local_groups": local_groups, "completions_per_question": 8, "profile": "easy"}
+            {
+                "id": n,
+                "local_groups": local_groups,
+                "completions_per_question": completions,
+                "profile": "easy",
+            }
             | ({"profile": profiles[n]} if profiles else {})
             for n in nodes
         ]
@@ -118,6 +124,27 @@ def test_paper_reference_and_on_policy_metrics_count_apart(tmp_path: Path) -> No
     assert metrics["own_mean"] == pytest.approx(0.25)
     assert metrics["reference_total"] == pytest.approx(2 * (32 * 0.5 + 32) / 48)
     assert metrics["drawdown"] == 0.0  # the swarm mean is flat at 0.25
+
+
+def test_short_keys_left_to_their_defaults_read_as_the_defaults(tmp_path: Path) -> None:
+    """A manifest writes null for a short key it leaves to the service: I from the mix, L from the
+    generator's default (8)."""
+    runs = {}
+    for name, keys in {"explicit": (4, 8), "defaults": (None, None)}.items():
+        _write_run(
+            tmp_path / name,
+            "4/4",
+            0,
+            own={"a": [0.1, 0.4]},
+            batch={"a": [0.5, 0.5]},
+            local_groups=keys[0],
+            completions=keys[1],
+            counts=(32, 16),
+            local_mean=0.25,
+        )
+        (runs[name],) = load_runs(tmp_path / name)
+    assert runs["defaults"].reference == runs["explicit"].reference
+    assert runs["defaults"].reference["a"] == pytest.approx([(32 * 0.1 + 16) / 48, (32 * 0.4 + 16) / 48])
 
 
 def test_records_of_earlier_versions_load_without_the_reference_metric(tmp_path: Path) -> None:
