@@ -30,6 +30,7 @@ from sapo.kafka.chunks import chunk_size, split
 from sapo.kafka.errors import BackpressureTimeoutError, DeliveryError, ProduceError, error_kind
 from sapo.kafka.metrics import TransportMetrics
 from sapo.kafka.records import Header
+from sapo.topics import DEFAULT_MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +42,6 @@ PRODUCER_DEFAULTS = {
     # Rollout text, token ids and log-probs compress 2-4x; the broker stores batches compressed.
     "compression.type": "zstd",
 }
-DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
-"""Apache Kafka's default per-message limit (message.max.bytes ~ 1 MB): what a producer sends at most
-unless configured otherwise (settings: MAX_MESSAGE_BYTES)."""
 
 
 class KafkaPublisher:
