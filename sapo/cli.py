@@ -28,6 +28,7 @@ from sapo.inspect import cli as inspect_cli
 from sapo.kafka import KafkaPublisher
 from sapo.settings import ConfigError
 from sapo.topics import (
+    DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_PREFIX,
     WORK_PARTITIONS,
     TopicError,
@@ -119,6 +120,12 @@ def _add_topics_arguments(parser: argparse.ArgumentParser) -> None:
         help="partitions of each work topic: the most generator replicas per node (default: %(default)s)",
     )
     parser.add_argument("--replication-factor", type=_positive_int, default=1, help="replicas per partition")
+    parser.add_argument(
+        "--max-message-bytes",
+        type=_positive_int,
+        default=DEFAULT_MAX_MESSAGE_BYTES,
+        help="max.message.bytes of every topic: the services' MAX_MESSAGE_BYTES (default: %(default)s)",
+    )
     parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="topic name prefix (default: %(default)s)")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the cluster")
 
@@ -129,7 +136,9 @@ def _run_topics(args: argparse.Namespace) -> int:
         specs: list[TopicSpec] = []
         for node in args.nodes:
             names = TopicNames.for_node(node, prefix=args.prefix)
-            specs += names.specs(args.partitions, args.replication_factor, args.work_partitions)
+            specs += names.specs(
+                args.partitions, args.replication_factor, args.work_partitions, args.max_message_bytes
+            )
         created = set(ensure_topics({"bootstrap.servers": args.bootstrap}, specs, timeout_s=args.timeout))
     except (ValueError, TopicError) as exc:
         log.error("%s", exc)

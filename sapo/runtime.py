@@ -25,6 +25,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from sapo.kafka import DeadLetters, KafkaConsumerClient, KafkaPublisher, TransportMetrics
+from sapo.kafka.chunks import chunk_size
 from sapo.lifecycle import StopFlag, install_signal_handlers
 from sapo.ops import Health, OpsServer, configure_logging
 from sapo.settings import ServiceSettings, describe, env_fields, load_settings
@@ -123,7 +124,9 @@ def start_runtime(service: str, settings: ServiceSettings, *, install_signals: b
         transport=transport,
         publisher=publisher,
         swarm_publisher=swarm_publisher,
-        dead_letters=DeadLetters(publisher, topics.dlq, service, transport),
+        dead_letters=DeadLetters(
+            publisher, topics.dlq, service, transport, max_value_bytes=chunk_size(limit)
+        ),
         ops=ops,
     )
 

@@ -22,7 +22,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sapo.identity.settings import IdentitySettings
-from sapo.topics import NODE_ID_PATTERN
+from sapo.topics import DEFAULT_MAX_MESSAGE_BYTES, NODE_ID_PATTERN
 
 log = logging.getLogger(__name__)
 
@@ -181,11 +181,12 @@ class ServiceSettings(BaseSettings):
     log_level: str = Field("INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$", description="Log level.")
     log_format: LogFormat = Field(LogFormat.JSON, description="json for clusters, text for terminals.")
     max_message_bytes: int = Field(
-        1024 * 1024,
+        DEFAULT_MAX_MESSAGE_BYTES,
         ge=64 * 1024,
         le=256 * 1024 * 1024,
         description="Largest Kafka message this service produces: the brokers' and topics' limit (Apache "
-        "Kafka's default ~1 MB). Larger payloads go out in chunks that consumers reassemble.",
+        "Kafka's default ~1 MB; `sapo topics --max-message-bytes` and the chart's maxMessageBytes create "
+        "topics with the same value). Larger payloads go out in chunks that consumers reassemble.",
     )
     max_payload_bytes: int = Field(
         64 * 1024 * 1024,

@@ -32,6 +32,10 @@ PREFIX_RE: Final = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 TOPIC_NAME_RE: Final = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 #: The policy topic keeps only the latest PolicyUpdate per node id; the keys topic the last word on a key.
 COMPACT: Final[Mapping[str, str]] = MappingProxyType({"cleanup.policy": "compact"})
+DEFAULT_MAX_MESSAGE_BYTES: Final = 1024 * 1024
+"""Apache Kafka's default per-message limit (~1 MB): what producers send at most, and what every topic
+is created to accept, unless one value (settings: MAX_MESSAGE_BYTES; `sapo topics
+--max-message-bytes`; the chart's `maxMessageBytes`) raises both. Larger payloads go out in chunks."""
 WORK_PARTITIONS: Final = 8
 """Default partitions of a node's work topic: the most generator replicas that share its work (a
 replica without a partition idles). Create the topic with more to run more replicas."""
@@ -122,9 +126,15 @@ class TopicNames:
         )
 
     def specs(
-        self, partitions: int = 1, replication_factor: int = 1, work_partitions: int = WORK_PARTITIONS
+        self,
+        partitions: int = 1,
+        replication_factor: int = 1,
+        work_partitions: int = WORK_PARTITIONS,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> list[TopicSpec]:
-        """Specs for all eight topics; `partitions` applies to the swarm, rollout and DLQ topics.
+        """Specs for all eight topics; `partitions` applies to the swarm, rollout and DLQ topics, and
+        every topic accepts messages of `max_message_bytes` (`max.message.bytes`: the producers' limit,
+        so what a service may send, a topic accepts).
 
         The batch and policy topics always have one partition: a node's batches are its optimizer
         steps, trained in sequence order, and the policy topic carries one key (the node id) whose
@@ -134,16 +144,17 @@ class TopicNames:
         its offsets are the writers' epochs. The work topic has `work_partitions`, as many as the most
         generator replicas of the node.
         """
-        rf = replication_factor
+        rf, limit = replication_factor, {"max.message.bytes": str(max_message_bytes)}
+        compact = dict(COMPACT) | limit
         return [
-            TopicSpec(self.swarm_rollouts, partitions, rf),
-            TopicSpec(self.rollouts, partitions, rf),
-            TopicSpec(self.batches, 1, rf),
-            TopicSpec(self.policy, 1, rf, dict(COMPACT)),
-            TopicSpec(self.dlq, partitions, rf),
-            TopicSpec(self.swarm_keys, 1, rf, dict(COMPACT)),
-            TopicSpec(self.work, work_partitions, rf),
-            TopicSpec(self.leases, 1, rf, dict(COMPACT)),
+            TopicSpec(self.swarm_rollouts, partitions, rf, limit),
+            TopicSpec(self.rollouts, partitions, rf, limit),
+            TopicSpec(self.batches, 1, rf, limit),
+            TopicSpec(self.policy, 1, rf, compact),
+            TopicSpec(self.dlq, partitions, rf, limit),
+            TopicSpec(self.swarm_keys, 1, rf, compact),
+            TopicSpec(self.work, work_partitions, rf, limit),
+            TopicSpec(self.leases, 1, rf, compact),
         ]
 
 

@@ -39,9 +39,10 @@ SERVICES: dict[str, type[ServiceSettings]] = {
 }
 CHART_OWNED = frozenset(
     {"NODE_ID", "TOPIC_PREFIX", "HTTP_HOST", "HTTP_PORT", "HTTP_PORT_FILE", "LOG_FORMAT", "LOG_LEVEL"}
-    | {"CHECKPOINT_ROOT"}
+    | {"CHECKPOINT_ROOT", "MAX_MESSAGE_BYTES"}
 )
-"""Set by the chart from its own values (node id, ports, logging, the checkpoint volume); the Kafka
+"""Set by the chart from its own values (node id, ports, logging, the checkpoint volume, the message size
+limit that its KafkaTopics share); the Kafka
 connections and the node's identity too (`kafka`, `swarmKafka`, `identity` values: the key Secret and
 trust list ConfigMap are mounted by the chart). `MODEL` stays settable per service: the chart's
 `model` value sets it for both, and refuses to be given twice."""

@@ -8,8 +8,9 @@ from sapo.kafka.consumer import (
     TransportError,
 )
 from sapo.kafka.dlq import DeadLetters
+from sapo.kafka.errors import BackpressureTimeoutError, DeliveryError, ProduceError, ServiceError
 from sapo.kafka.metrics import TransportMetrics
-from sapo.kafka.producer import BackpressureTimeoutError, DeliveryError, KafkaPublisher
+from sapo.kafka.producer import KafkaPublisher
 from sapo.kafka.records import ConsumerClient, Publisher, Record, Watermarks
 
 __all__ = [
@@ -22,8 +23,10 @@ __all__ = [
     "Handler",
     "KafkaConsumerClient",
     "KafkaPublisher",
+    "ProduceError",
     "Publisher",
     "Record",
+    "ServiceError",
     "TransportError",
     "TransportMetrics",
     "Watermarks",

@@ -14,6 +14,12 @@ Delivery semantics (at-least-once):
   them; a message's chunks stay unfinished until the message is, and what cannot be reassembled is
   counted, dead-lettered (its first chunk) and finished. A message the prefilter refuses by its first
   chunk's headers is skipped chunk by chunk, never buffered.
+- No message stops the loop: a handler raising `InvalidMessageError` has its record counted,
+  dead-lettered and finished; any other exception a message causes is treated the same way under the
+  reason "handler_error" (logged with its traceback: it is a bug to fix), unless the loop was built
+  with `contain_errors=False` (the trainer, whose step failures are quarantined by attempts instead:
+  `sapo.node.quarantine`). A `ServiceError` (a produce the broker refused, a fatal client error, a
+  lost lease) is never contained: the service stops and its restart recovers.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from sapo.kafka.chunks import Incomplete, Reassembler, chunk_of
 from sapo.kafka.dlq import DeadLetters
+from sapo.kafka.errors import ServiceError
 from sapo.kafka.metrics import TransportMetrics
 from sapo.kafka.records import (
     AssignHook,
@@ -56,7 +63,7 @@ DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
 """Largest message a loop reassembles unless told otherwise (services pass their setting)."""
 
 
-class TransportError(RuntimeError):
+class TransportError(ServiceError):
     """A fatal client error: the service must stop (and be restarted) rather than carry on."""
 
 
@@ -165,8 +172,10 @@ class ConsumerLoop:
         on_revoke: RevokeHook | None = None,
         poll_timeout_s: float = 1.0,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        contain_errors: bool = True,
     ) -> None:
         self._client = client
+        self._contain_errors = contain_errors
         self.opened = False
         """Whether `open` subscribed (the loop may be stepped)."""
         self._closed = False
@@ -265,6 +274,14 @@ class ConsumerLoop:
             disposition = self._handler(assembled)
         except InvalidMessageError as exc:
             self._reject(assembled, exc)
+            return
+        except ServiceError:
+            raise
+        except Exception as exc:
+            if not self._contain_errors:
+                raise
+            log.exception("handling %s/%d/%d failed", assembled.topic, assembled.partition, assembled.offset)
+            self._reject(assembled, InvalidMessageError("handler_error", f"{type(exc).__name__}: {exc}"))
             return
         self.handled += 1
         if disposition is Disposition.DONE:

@@ -7,8 +7,8 @@ import threading
 from collections.abc import Sequence
 
 from sapo.kafka.chunks import chunk_size, split
-from sapo.kafka.producer import DEFAULT_MAX_MESSAGE_BYTES
 from sapo.kafka.records import AssignHook, Header, OffsetPosition, Record, RevokeHook, TopicPartition
+from sapo.topics import DEFAULT_MAX_MESSAGE_BYTES
 
 
 class MemoryBus:

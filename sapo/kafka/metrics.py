@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from sapo.kafka.errors import PRODUCE_ERROR_KINDS
+
 
 class TransportMetrics:
     """`sapo_<service>_messages_*`: what the consumer loop and producer did, by bounded labels."""
@@ -29,8 +31,20 @@ class TransportMetrics:
             f"{p}_messages_produced_total", "Messages acknowledged by the broker.", registry=registry
         )
         self.produce_errors = Counter(
-            f"{p}_produce_errors_total", "Messages the broker did not acknowledge.", registry=registry
+            f"{p}_produce_errors_total",
+            "Messages not sent or not acknowledged, by kind (sapo.kafka.producer.error_kind).",
+            ["kind"],
+            registry=registry,
         )
+        self.dead_letters_failed = Counter(
+            f"{p}_dead_letters_failed_total",
+            "Rejected messages whose dead letter could not be sent (counted, dropped), by kind.",
+            ["kind"],
+            registry=registry,
+        )
+        for kind in PRODUCE_ERROR_KINDS:
+            self.produce_errors.labels(kind)
+            self.dead_letters_failed.labels(kind)
         self.pending = Gauge(
             f"{p}_messages_pending", "Consumed messages not yet finished (uncommittable).", registry=registry
         )

@@ -5,6 +5,15 @@ Delivery callback per message, `poll(0)` after each send to serve callbacks, a f
 bounded flush on close. Idempotence and acks=all keep retries from duplicating or losing messages.
 Payloads larger than one message may be (`max_message_bytes`, the broker's limit) go out in chunks
 (`sapo.kafka.chunks`), zstd-compressed like everything else: nothing has to raise a broker limit.
+
+Errors by kind (`error_kind`, a bounded metric label): `too_large` (a message, headers included, over
+the limit: refused by librdkafka or the broker), `queue_full` (backpressure beyond the bound),
+`timeout` (no acknowledgement within message.timeout.ms), `fatal` (the idempotent producer is
+unusable: the service must stop and be restarted), `retriable` and `refused` (anything else the
+broker or client turned down). A refused produce raises `ProduceError` with its kind; a failed
+delivery is counted by kind in `sapo_<service>_produce_errors_total{kind}` and logged. Callers decide
+what a failure means: a dead letter that cannot be written is counted and dropped
+(`sapo.kafka.dlq`), a batch or policy update the broker did not take stops the service.
 """
 
 from __future__ import annotations
@@ -14,12 +23,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from confluent_kafka import KafkaError, Message
+from confluent_kafka import KafkaError, KafkaException, Message
 from confluent_kafka import Producer as _Producer
 
 from sapo.kafka.chunks import chunk_size, split
+from sapo.kafka.errors import BackpressureTimeoutError, DeliveryError, ProduceError, error_kind
 from sapo.kafka.metrics import TransportMetrics
 from sapo.kafka.records import Header
+from sapo.topics import DEFAULT_MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -31,17 +42,6 @@ PRODUCER_DEFAULTS = {
     # Rollout text, token ids and log-probs compress 2-4x; the broker stores batches compressed.
     "compression.type": "zstd",
 }
-DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
-"""Apache Kafka's default per-message limit (message.max.bytes ~ 1 MB): what a producer sends at most
-unless configured otherwise (settings: MAX_MESSAGE_BYTES)."""
-
-
-class DeliveryError(RuntimeError):
-    """The broker did not acknowledge a message that the caller waited for."""
-
-
-class BackpressureTimeoutError(RuntimeError):
-    """The local queue stayed full for longer than the bound: the broker is not keeping up."""
 
 
 class KafkaPublisher:
@@ -64,9 +64,10 @@ class KafkaPublisher:
     def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         if err is not None:
             self.errors += 1
+            kind = error_kind(err)
             if self._metrics:
-                self._metrics.produce_errors.inc()
-            log.error("delivery to %s failed: %s", msg.topic(), err)
+                self._metrics.produce_errors.labels(kind).inc()
+            log.error("delivery to %s failed (%s): %s", msg.topic(), kind, err)
         elif self._metrics:
             self._metrics.produced.inc()
 
@@ -91,11 +92,22 @@ class KafkaPublisher:
                 break
             except BufferError:
                 if time.monotonic() > deadline:
+                    self._count("queue_full")
                     raise BackpressureTimeoutError(
                         f"producer queue full for {self._queue_full_timeout_s}s sending to {topic}"
                     ) from None
                 self._producer.poll(0.1)
+            except KafkaException as exc:  # refused before queueing: too large, unknown topic, fatal
+                err: KafkaError = exc.args[0]
+                kind = error_kind(err)
+                self._count(kind)
+                raise ProduceError(kind, f"cannot send {len(value)} bytes to {topic}: {err.str()}") from None
         self._producer.poll(0)
+
+    def _count(self, kind: str) -> None:
+        self.errors += 1
+        if self._metrics:
+            self._metrics.produce_errors.labels(kind).inc()
 
     def send(
         self,
@@ -112,7 +124,7 @@ class KafkaPublisher:
         metadata = self._producer.list_topics(topic, timeout=timeout_s).topics.get(topic)
         if metadata is None or metadata.error is not None or not metadata.partitions:
             problem = metadata.error if metadata is not None else "not in the metadata"
-            raise DeliveryError(f"topic {topic} has no partitions to send to: {problem}")
+            raise DeliveryError(f"topic {topic} has no partitions to send to: {problem}", "refused")
         return len(metadata.partitions)
 
     def send_sync(
@@ -140,7 +152,7 @@ class KafkaPublisher:
             raise DeliveryError(f"no acknowledgement from {topic} within {timeout_s}s")
         failed = [err for err, _ in result if err is not None]
         if failed:
-            raise DeliveryError(f"delivery to {topic} failed: {failed[0]}")
+            raise DeliveryError(f"delivery to {topic} failed: {failed[0]}", error_kind(failed[0]))
         _, msg = result[-1]
         return int(msg.partition() or 0), int(msg.offset() or 0)
 

@@ -52,6 +52,7 @@ from sapo.kafka import (
     TransportError,
     TransportMetrics,
 )
+from sapo.kafka.errors import ServiceError
 from sapo.lifecycle import StopFlag
 from sapo.ops import Health
 from sapo.runtime import Runtime
@@ -72,11 +73,11 @@ ASSIGN_TIMEOUT_S: Final = 120.0
 _MAX_DRAIN: Final = 10_000
 
 
-class FencedError(RuntimeError):
+class FencedError(ServiceError):
     """Another process of the same role holds a newer lease: this one must not write."""
 
 
-class LeaseLostError(RuntimeError):
+class LeaseLostError(ServiceError):
     """This process could not renew its lease in time: it cannot know it still holds it."""
 
 

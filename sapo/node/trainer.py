@@ -108,6 +108,7 @@ class TrainerService:
             on_revoke=self.on_revoke,
             poll_timeout_s=poll_timeout_s,
             max_payload_bytes=settings.max_payload_bytes,
+            contain_errors=False,  # a failing step is retried and quarantined by attempts instead
         )
         self._held: list[Record] = []
         self._announced = -1

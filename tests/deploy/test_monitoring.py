@@ -29,6 +29,8 @@ from tests.deploy.helm import (
     PROMTOOL_TESTS,
     ROOT,
     SERVICES,
+    deployment,
+    env_of,
     of_kind,
     render,
     require_tool,
@@ -141,6 +143,16 @@ def test_kafka_topics_match_the_node_topic_names() -> None:
             assert spec["config"].get("cleanup.policy", "delete") == policy, name
             if "cleanup.policy" in code.config:
                 assert "retention.ms" not in spec["config"]
+
+
+def test_one_value_sets_the_services_message_limit_and_every_topics() -> None:
+    sets = ("kafkaTopics.enabled=true", "kafkaTopics.swarm.create=true", "maxMessageBytes=2097152")
+    docs = render(None, *sets)
+    topics = of_kind(docs, "KafkaTopic")
+    assert topics and {t["spec"]["config"]["max.message.bytes"] for t in topics} == {"2097152"}
+    for service in SERVICES:
+        env = {e["name"]: e.get("value") for e in env_of(deployment(docs, service))}
+        assert env[f"SAPO_{service.upper()}_MAX_MESSAGE_BYTES"] == "2097152"
 
 
 def test_swarm_topic_only_on_request() -> None:

@@ -8,6 +8,7 @@ import pytest
 
 from sapo.cli import main
 from sapo.topics import (
+    DEFAULT_MAX_MESSAGE_BYTES,
     WORK_PARTITIONS,
     TopicNames,
     TopicSpec,
@@ -46,15 +47,18 @@ def test_specs_compact_the_single_partition_policy_keys_and_leases_topics() -> N
     specs = {spec.name: spec for spec in names.specs(partitions=4, replication_factor=3)}
     assert len(specs) == 8
     assert names.swarm_keys == "sapo.swarm.keys"
+    limit = {"max.message.bytes": str(DEFAULT_MAX_MESSAGE_BYTES)}
     for compacted in (names.policy, names.swarm_keys, names.leases):
-        assert specs[compacted].config == {"cleanup.policy": "compact"}
+        assert specs[compacted].config == {"cleanup.policy": "compact"} | limit
         assert specs[compacted].partitions == 1
     assert specs[names.batches].partitions == 1  # batches are steps: trained in order
     assert specs[names.work].partitions == WORK_PARTITIONS
     assert all(s.replication_factor == 3 for s in specs.values())
-    fixed = (names.policy, names.swarm_keys, names.batches, names.work, names.leases)
+    fixed = (names.policy, names.swarm_keys, names.leases, names.batches, names.work)
     others = [spec for name, spec in specs.items() if name not in fixed]
-    assert all(s.partitions == 4 and not s.config for s in others)
+    assert all(s.partitions == 4 and s.config == limit for s in others)
+    raised = names.specs(max_message_bytes=8 << 20)
+    assert {s.config["max.message.bytes"] for s in raised} == {str(8 << 20)}
 
 
 @pytest.mark.parametrize("node_id", ["a", "node-0", "0", "x" * 48, "gpu-box-3"])

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sapo.kafka import ConsumerLoop, DeadLetters, Disposition, Record, TransportMetrics, Watermarks
+from sapo.kafka import (
+    ConsumerLoop,
+    DeadLetters,
+    Disposition,
+    ProduceError,
+    Record,
+    TransportMetrics,
+    Watermarks,
+)
 from sapo.kafka.memory import MemoryBus, MemoryConsumerClient, MemoryPublisher
 from sapo.lifecycle import StopFlag
 from sapo.v1 import rollout_pb2
@@ -151,17 +159,46 @@ def test_stop_flag_and_until_end_the_loop() -> None:
     assert count == 4
 
 
-def test_handler_bugs_propagate_instead_of_being_swallowed() -> None:
+def test_a_message_that_breaks_the_handler_is_dead_lettered_and_the_loop_goes_on() -> None:
+    bus = MemoryBus()
+    bus.append("in", None, b"x", [])
+    bus.append("in", None, b"y", [])
+    seen: list[bytes] = []
+
+    def broken(record: Record) -> Disposition:
+        if record.value == b"x":
+            raise KeyError("bug")
+        seen.append(record.value or b"")
+        return Disposition.DONE
+
+    loop, registry = _loop(bus, broken)
+    assert loop.run(idle_timeout_s=0.0) == 2
+    assert seen == [b"y"]
+    assert bus.committed[("g", ("in", 0))] == 2
+    labels = {"reason": "handler_error"}
+    assert registry.get_sample_value("sapo_test_messages_dead_lettered_total", labels) == 1
+    assert bus.topics["dlq"][0].headers["sapo-dlq-detail"].startswith(b"KeyError")
+
+
+def test_uncontained_handler_errors_and_service_errors_propagate() -> None:
     bus = MemoryBus()
     bus.append("in", None, b"x", [])
 
     def broken(record: Record) -> Disposition:
         raise KeyError("bug")
 
-    loop, _ = _loop(bus, broken)
+    loop, _ = _loop(bus, broken, contain_errors=False)
     with pytest.raises(KeyError):
         loop.run(idle_timeout_s=0.0)
-    assert ("g", ("in", 0)) not in bus.committed or bus.committed[("g", ("in", 0))] == 0
+    assert bus.committed.get(("g", ("in", 0)), 0) == 0
+
+    def fenced(record: Record) -> Disposition:
+        raise ProduceError("fatal", "the producer is gone")
+
+    loop, _ = _loop(bus, fenced)
+    with pytest.raises(ProduceError):
+        loop.run(idle_timeout_s=0.0)
+    assert bus.committed.get(("g", ("in", 0)), 0) == 0
 
 
 def test_invalid_message_error_carries_reason() -> None:

@@ -187,6 +187,8 @@ Call with (dict "root" $ "component" "sampler").
   value: {{ $v.logFormat | quote }}
 - name: {{ $prefix }}LOG_LEVEL
   value: {{ $v.logLevel | quote }}
+- name: {{ $prefix }}MAX_MESSAGE_BYTES
+  value: {{ $v.maxMessageBytes | int64 | toString | quote }}
 {{ include "sapo-node.kafkaEnv" (dict "prefix" $prefix "field" "KAFKA" "conn" $v.kafka "caPath" "/etc/sapo/kafka-ca" "certPath" "/etc/sapo/kafka-client" "client" $client) | trim }}
 {{- if $v.swarmKafka.enabled }}
 {{ include "sapo-node.kafkaEnv" (dict "prefix" $prefix "field" "SWARM_KAFKA" "conn" $v.swarmKafka "caPath" "/etc/sapo/swarm-kafka-ca" "certPath" "/etc/sapo/swarm-kafka-client" "client" $client) | trim }}
