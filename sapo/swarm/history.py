@@ -3,7 +3,8 @@
     <run_dir>/manifest.json          the exact manifest the run used
     <run_dir>/steps/<node>.jsonl     one line per policy version > 0: the step's metrics (`step_row`)
     <run_dir>/rounds/<node>.jsonl    one line per generated round: the on-policy reward (`round_row`)
-    <run_dir>/checkpoints/<node>/    the trainer's checkpoints (the last one is the node's final policy)
+    <run_dir>/checkpoints/<node>/    the trainer's checkpoints (the last one is the node's final policy),
+                                     unless the node's manifest names a `store` (then <store>/<node>/)
 
 `steps` carry the paper's metric: the mean reward of each training batch, external groups included
 (docs/architecture.md). `rounds` carry what that metric hides: the mean reward of *every* completion the

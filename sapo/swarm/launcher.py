@@ -143,7 +143,7 @@ class Swarm:
         env |= self._common_env(node, service, name, port_file)
         values = service_values(node, service, sharing_peers(self.manifest, node))
         if service == "trainer":
-            values["checkpoint_root"] = str(self.checkpoints)
+            values.setdefault("checkpoint_root", str(self.checkpoints))
         env |= flatten_env(service, values)
         env["PYTHONUNBUFFERED"] = "1"
         # Many processes share few cores: torch's default thread pool per process oversubscribes them.

@@ -54,6 +54,7 @@ SHORT_KEYS: Final[dict[str, tuple[tuple[Service, str], ...]]] = {
     "rounds": (("trainer", "rounds"),),
     "max_new_tokens": (("generator", "max_new_tokens"),),
     "learning_rate": (("trainer", "lr"),),
+    "store": (("trainer", "checkpoint_root"),),
 }
 """Each short key and the settings fields it sets (a key shared by two services keeps them in step)."""
 
@@ -93,6 +94,11 @@ class NodeSpec(BaseModel):
     )
     max_new_tokens: int | None = Field(None, description=_doc("max_new_tokens"))
     learning_rate: float | None = Field(None, description=_doc("learning_rate"))
+    store: str | None = Field(
+        None,
+        description=_doc("store") + "; the launcher's default is <run dir>/checkpoints, and generators "
+        "load the announced versions from wherever it is (credentials from the launcher's environment)",
+    )
     generator: dict[str, Any] = Field(default_factory=dict, description="Raw generator settings.")
     sampler: dict[str, Any] = Field(default_factory=dict, description="Raw sampler settings.")
     trainer: dict[str, Any] = Field(default_factory=dict, description="Raw trainer settings.")
@@ -155,7 +161,8 @@ def sharing_peers(manifest: SwarmManifest, node: NodeSpec) -> int:
 
 def resolve(manifest: SwarmManifest, node: NodeSpec, checkpoint_root: Path) -> NodeSettings:
     """The node's settings from the same values the launcher hands its services, plus what the launcher
-    sets (node id, topic prefix, the embedded broker's consumer profile). Through `load_settings`,
+    sets (node id, topic prefix, the embedded broker's consumer profile, `checkpoint_root` unless the
+    node names a store). Through `load_settings`,
     exactly as the services build theirs: stray `SAPO_<SERVICE>_*` variables of this process act as
     they would on the services (the launcher hands its environment on)."""
     common: dict[str, Any] = {"node_id": node.id, "topic_prefix": manifest.topic_prefix}

@@ -146,7 +146,7 @@ def test_each_service_selects_its_own_deployment_pods(scenario: Path) -> None:
 
 def test_trainer_and_sampler_are_single_recreated_owners(scenario: Path) -> None:
     """One trainer (checkpoint writer, batch consumer) and one sampler (batch sequence owner) per
-    node, never two at once, not even during an update."""
+    node unless a standby is asked for; an update stops the old pod first, handing its lease over."""
     docs = render(scenario)
     for service in ("trainer", "sampler"):
         dep = deployment(docs, service)
@@ -245,6 +245,72 @@ def test_rwo_checkpoints_pin_generators_to_the_trainer_node() -> None:
     assert "affinity" not in rwx["spec"]["template"]["spec"]
 
 
+def test_own_generator_affinity_keeps_the_pin_to_the_trainer_node() -> None:
+    """A generator.affinity of one's own must not drop the pin: a generator elsewhere would hang on
+    the ReadWriteOnce volume's Multi-Attach."""
+    gpu_nodes = {"matchExpressions": [{"key": "gpu", "operator": "Exists"}]}
+    docs = render(
+        None,
+        "generator.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+        ".nodeSelectorTerms[0].matchExpressions[0].key=gpu",
+        "generator.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+        ".nodeSelectorTerms[0].matchExpressions[0].operator=Exists",
+    )
+    affinity = deployment(docs, "generator")["spec"]["template"]["spec"]["affinity"]
+    node_affinity = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert node_affinity["nodeSelectorTerms"] == [gpu_nodes]
+    [term] = affinity["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["labelSelector"]["matchLabels"]["app.kubernetes.io/component"] == "trainer"
+
+
+STORE = (
+    "checkpoints.url=s3://ckpt/sapo",
+    "checkpoints.existingSecret=ckpt-creds",
+    "checkpoints.endpoint=http://minio.storage:9000",
+    "checkpoints.region=eu-west-1",
+)
+
+
+def test_object_store_checkpoints_need_no_volume() -> None:
+    """With checkpoints.url: the trainer writes there, generators load from there with the same
+    credentials and endpoint; no claim, no checkpoint mount, no pin to the trainer's node."""
+    docs = render(None, *STORE, "networkPolicy.enabled=true")
+    assert not of_kind(docs, "PersistentVolumeClaim")
+    for service in SERVICES:
+        pod = deployment(docs, service)["spec"]["template"]["spec"]
+        assert "checkpoints" not in {v["name"] for v in pod["volumes"]}
+        assert "affinity" not in pod
+        env = {v["name"]: v.get("value") for v in env_of(deployment(docs, service))}
+        env_from = container(deployment(docs, service)).get("envFrom", [])
+        if service == "sampler":  # never touches the store
+            assert not env_from and "AWS_ENDPOINT_URL" not in env
+            continue
+        assert env_from == [{"secretRef": {"name": "ckpt-creds"}}]
+        assert env["AWS_ENDPOINT_URL"] == "http://minio.storage:9000"
+        assert env["AWS_DEFAULT_REGION"] == "eu-west-1"
+        annotations = deployment(docs, service)["spec"]["template"]["metadata"]["annotations"]
+        assert (
+            annotations["checksum/secrets"]
+            != deployment(render(None), service)["spec"]["template"]["metadata"]["annotations"][
+                "checksum/secrets"
+            ]
+        )  # a changed credentials Secret rolls the pod
+    trainer_env = {v["name"]: v.get("value") for v in env_of(deployment(docs, "trainer"))}
+    assert trainer_env["SAPO_TRAINER_CHECKPOINT_ROOT"] == "s3://ckpt/sapo"
+    [policy] = of_kind(docs, "NetworkPolicy")
+    assert any(port.get("port") == 443 for rule in policy["spec"]["egress"] for port in rule["ports"])
+
+
+def test_standbys_wait_on_the_lease() -> None:
+    docs = render(None, *STORE, "trainer.standby=true", "sampler.standby=true")
+    for service in ("trainer", "sampler"):
+        dep = deployment(docs, service)
+        assert dep["spec"]["replicas"] == 2
+        assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    rwx = render(None, "trainer.standby=true", "checkpoints.accessModes={ReadWriteMany}")
+    assert deployment(rwx, "trainer")["spec"]["replicas"] == 2
+
+
 # --- env contract --------------------------------------------------------------------------------
 
 
@@ -299,8 +365,9 @@ def test_rendered_env_is_accepted_by_the_service_settings(
     ("override", "complaint"),
     [
         ("generator.replica=2", "replica"),  # typo of replicas
-        ("trainer.replicas=2", "replicas"),  # the trainer is always one
+        ("trainer.replicas=2", "replicas"),  # one trainer (standby: a second one that waits)
         ("sampler.replicas=2", "replicas"),  # so is the sampler
+        ("checkpoints.url=bucket/prefix", "url"),  # a URL names its scheme
         ("kafka.bootstrapServer=x:9092", "bootstrapServer"),
         ("serviceMonitor.enable=true", "enable"),
         ("kafka.securityProtocol=SASL", "securityProtocol"),
@@ -331,6 +398,11 @@ def test_schema_rejects(override: str, complaint: str) -> None:
         (("model=m", "trainer.settings.MODEL=other"), "set the model once"),
         (("identity.mode=tofu",), "a verifying node must sign; set identity.keySecret.name"),
         (("identity.mode=strict", "identity.keySecret.name=k"), "set identity.trustConfigMap.name"),
+        (("trainer.standby=true",), "trainer.standby needs checkpoints.url or a ReadWriteMany claim"),
+        (
+            ("kafkaTopics.enabled=true", "generator.replicas=12"),
+            "generator.replicas (12) > kafkaTopics.workPartitions (8)",
+        ),
     ],
 )
 def test_inconsistent_kafka_settings_fail_at_install(overrides: tuple[str, ...], complaint: str) -> None:

@@ -115,28 +115,32 @@ def test_runbook_base_url_is_configurable() -> None:
 
 
 def test_kafka_topics_match_the_node_topic_names() -> None:
+    """The chart's KafkaTopics are the code's topics (`TopicNames.specs`): names, single-partition
+    topics and compaction agree; the work topic has kafkaTopics.workPartitions."""
     from sapo.topics import TopicNames
 
     for values in CI_VALUES:
         docs = render(values, "kafkaTopics.enabled=true", "kafkaTopics.swarm.create=true")
         config = yaml.safe_load(values.read_text())
         names = TopicNames.for_node(config["nodeId"], config.get("topicPrefix", "sapo"))
+        work_partitions = config.get("kafkaTopics", {}).get("workPartitions", 8)
+        sized = 2  # what the sizable topics (rollouts, dlq, swarm) get here; the chart sizes them itself
+        specs = {spec.name: spec for spec in names.specs(partitions=sized, work_partitions=work_partitions)}
         topics = {t["spec"]["topicName"]: t for t in of_kind(docs, "KafkaTopic")}
-        expected = {names.rollouts, names.batches, names.policy, names.dlq}
-        expected |= {names.swarm_rollouts, names.swarm_keys}
-        assert set(topics) == expected
-        for topic in topics.values():
+        assert set(topics) == set(specs)
+        for name, topic in topics.items():
             check_object(topic, "KafkaTopic")
             assert topic["metadata"]["labels"]["strimzi.io/cluster"]
-            spec = topic["spec"]
+            spec, code = topic["spec"], specs[name]
             assert isinstance(spec["partitions"], int) and spec["partitions"] >= 1
+            if code.partitions != sized:  # fixed by the code: single-partition topics, the work topic
+                assert spec["partitions"] == code.partitions, name
             assert isinstance(spec["replicas"], int) and spec["replicas"] >= 1
             assert all(isinstance(v, str | int | bool) for v in spec["config"].values())
-        for compacted in (names.policy, names.swarm_keys):
-            spec = topics[compacted]["spec"]
-            assert spec["config"]["cleanup.policy"] == "compact"
-            assert spec["partitions"] == 1
-            assert "retention.ms" not in spec["config"]
+            policy = code.config.get("cleanup.policy", "delete")
+            assert spec["config"].get("cleanup.policy", "delete") == policy, name
+            if "cleanup.policy" in code.config:
+                assert "retention.ms" not in spec["config"]
 
 
 def test_swarm_topic_only_on_request() -> None:

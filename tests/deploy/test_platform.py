@@ -123,7 +123,7 @@ def test_strimzi_api_version_follows_the_cluster(api_versions: tuple[str, ...], 
         api_versions, "kafkaTopics.enabled=true", "kafkaUser.enabled=true", "kafkaTopics.swarm.create=true"
     )
     strimzi = [d for d in docs if d["kind"] in ("KafkaTopic", "KafkaUser")]
-    assert len(strimzi) == 7  # four node topics, the swarm topic, the keys topic, the user
+    assert len(strimzi) == 9  # six node topics, the swarm topic, the keys topic, the user
     assert {d["apiVersion"] for d in strimzi} == {expected}
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from sapo.checkpoints import CheckpointStore
 from sapo.kafka import Disposition, Record
 from sapo.swarm.history import read_rows
 from sapo.swarm.manifest import parse_manifest
@@ -34,8 +35,10 @@ def _groups(bootstrap: str, topic: str, count: int) -> list[rollout_pb2.RolloutG
 
 
 def test_two_node_lockstep_swarm_runs_end_to_end(
-    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, s3_url: str
 ) -> None:
+    """node-b keeps its checkpoints in an object store (`store`: moto's S3 on loopback, credentials
+    from the environment the launcher hands on): its generator hot-reloads every version from there."""
     manifest = parse_manifest(
         {
             "name": "it",
@@ -51,7 +54,10 @@ def test_two_node_lockstep_swarm_runs_end_to_end(
                 "max_new_tokens": 8,
                 "sampler": {"lockstep_timeout_s": 20},
             },
-            "nodes": [{"id": "node-a", "seed": 1}, {"id": "node-b", "seed": 2, "model": "tiny:2"}],
+            "nodes": [
+                {"id": "node-a", "seed": 1},
+                {"id": "node-b", "seed": 2, "model": "tiny:2", "store": s3_url},
+            ],
         }
     )
     out = io.StringIO()
@@ -79,3 +85,6 @@ def test_two_node_lockstep_swarm_runs_end_to_end(
             [sum(v) / len(v) for _, v in sorted(by_round.items())]
         )
     assert "node-a" in out.getvalue()
+    assert CheckpointStore(tmp_path / "checkpoints").versions("node-a")[-1] == ROUNDS
+    assert CheckpointStore(s3_url).versions("node-b")[-1] == ROUNDS
+    assert not (tmp_path / "checkpoints" / "node-b").exists()

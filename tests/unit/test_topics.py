@@ -41,18 +41,18 @@ def test_single_names_can_be_overridden_but_stay_validated() -> None:
         dataclasses.replace(names, dlq="has space")
 
 
-def test_specs_compact_the_single_partition_policy_and_keys_topics() -> None:
+def test_specs_compact_the_single_partition_policy_keys_and_leases_topics() -> None:
     names = TopicNames.for_node("n1")
     specs = {spec.name: spec for spec in names.specs(partitions=4, replication_factor=3)}
-    assert len(specs) == 7
+    assert len(specs) == 8
     assert names.swarm_keys == "sapo.swarm.keys"
-    for compacted in (names.policy, names.swarm_keys):
+    for compacted in (names.policy, names.swarm_keys, names.leases):
         assert specs[compacted].config == {"cleanup.policy": "compact"}
         assert specs[compacted].partitions == 1
     assert specs[names.batches].partitions == 1  # batches are steps: trained in order
     assert specs[names.work].partitions == WORK_PARTITIONS
     assert all(s.replication_factor == 3 for s in specs.values())
-    fixed = (names.policy, names.swarm_keys, names.batches, names.work)
+    fixed = (names.policy, names.swarm_keys, names.batches, names.work, names.leases)
     others = [spec for name, spec in specs.items() if name not in fixed]
     assert all(s.partitions == 4 and not s.config for s in others)
 

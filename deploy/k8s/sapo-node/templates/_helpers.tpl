@@ -201,7 +201,17 @@ Call with (dict "root" $ "component" "sampler").
 {{- end }}
 {{- if eq .component "trainer" }}
 - name: {{ $prefix }}CHECKPOINT_ROOT
-  value: {{ $v.checkpoints.mountPath | quote }}
+  value: {{ default $v.checkpoints.mountPath $v.checkpoints.url | quote }}
+{{- end }}
+{{- if and (ne .component "sampler") $v.checkpoints.url }}
+{{- with $v.checkpoints.endpoint }}
+- name: AWS_ENDPOINT_URL
+  value: {{ . | quote }}
+{{- end }}
+{{- with $v.checkpoints.region }}
+- name: AWS_DEFAULT_REGION
+  value: {{ . | quote }}
+{{- end }}
 {{- end }}
 {{- if and (eq .component "generator") $v.generator.gpu.enabled (not (hasKey $svc.settings "BACKEND")) }}
 - name: {{ $prefix }}BACKEND
@@ -299,6 +309,9 @@ Call with (dict "root" $ "component" "generator").
 {{- range $conn := include "sapo-node.kafkaConnections" .root | fromYamlArray }}
 {{- $c := index $v $conn.field }}
 {{- $names = concat $names (compact (list $c.sasl.passwordSecret.name $c.caSecret.name $c.clientCertSecret.name)) }}
+{{- end }}
+{{- if and (ne .component "sampler") $v.checkpoints.existingSecret }}
+{{- $names = append $names $v.checkpoints.existingSecret }}
 {{- end }}
 {{- if and (eq .component "generator") $v.identity.keySecret.name }}
 {{- $names = append $names $v.identity.keySecret.name }}
