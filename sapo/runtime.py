@@ -78,7 +78,7 @@ class Runtime:
         if per_process:
             group += f".{uuid.uuid4().hex[:12]}"
         config = conn.to_librdkafka() | self.settings.consumer.to_librdkafka()
-        return KafkaConsumerClient(config, group)
+        return KafkaConsumerClient(config, group, lag=self.transport.consumer_lag)
 
     def close(self) -> None:
         self.publisher.flush(FLUSH_TIMEOUT_S)

@@ -109,6 +109,13 @@ class ConsumerProfile(BaseModel):
     max_poll_interval_ms: int = Field(
         900_000, ge=10_000, le=86_400_000, description="Longest gap between polls (covers a training step)."
     )
+    statistics_interval_ms: int = Field(
+        10_000,
+        ge=0,
+        le=3_600_000,
+        description="How often librdkafka's statistics refresh the consumer_lag_messages gauges (0: no "
+        "statistics, no lag gauges).",
+    )
 
     @classmethod
     def local(cls) -> ConsumerProfile:
@@ -122,6 +129,7 @@ class ConsumerProfile(BaseModel):
             "heartbeat.interval.ms": str(self.heartbeat_interval_ms),
             "fetch.wait.max.ms": str(self.fetch_wait_max_ms),
             "max.poll.interval.ms": str(self.max_poll_interval_ms),
+            "statistics.interval.ms": str(self.statistics_interval_ms),
         }
 
 

@@ -41,12 +41,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+from huggingface_hub import constants as hf_constants
 from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import PreTrainedTokenizerBase
 
 from sapo.backends.base import FinishReason, Sample, SamplingConfig, WeightsSource, prompt_seeds, weight_files
 from sapo.models.bundled import BUNDLED_REF, bundled_model_dir
+from sapo.models.loading import require_loadable
 from sapo.models.refs import ref_kind
 
 _EXTENSION = "sapo.backends.vllm.WeightLoaderExtension"
@@ -126,6 +128,8 @@ class VLLMBackend:
         if ref_kind(model_ref) in ("tiny", "tiny-bpe"):
             raise ValueError("tiny models exist only in memory; use the transformers backend for them")
         path = str(bundled_model_dir()) if model_ref == BUNDLED_REF else model_ref
+        if hf_constants.HF_HUB_OFFLINE:  # vLLM would fail deep in its engine start instead
+            require_loadable(model_ref)
         engine = LLM(
             model=path, logprobs_mode="processed_logprobs", worker_extension_cls=_EXTENSION, **llm_kwargs
         )

@@ -31,10 +31,12 @@ from collections.abc import Callable, Sequence
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 from confluent_kafka import TopicPartition as KafkaTopicPartition
+from prometheus_client import Gauge
 
 from sapo.kafka.chunks import Incomplete, Reassembler, chunk_of
 from sapo.kafka.dlq import DeadLetters
 from sapo.kafka.errors import ServiceError
+from sapo.kafka.lag import LagGauge
 from sapo.kafka.metrics import TransportMetrics
 from sapo.kafka.records import (
     AssignHook,
@@ -68,10 +70,14 @@ class TransportError(ServiceError):
 
 
 class KafkaConsumerClient:
-    """`ConsumerClient` over confluent-kafka's Consumer."""
+    """`ConsumerClient` over confluent-kafka's Consumer. With `lag`, every assigned partition's unread
+    messages are kept in that gauge from librdkafka's statistics (`sapo.kafka.lag`; the config's
+    `statistics.interval.ms` says how often, 0 = never)."""
 
-    def __init__(self, config: dict[str, str], group_id: str) -> None:
-        self._consumer = Consumer(CONSUMER_DEFAULTS | config | {"group.id": group_id})
+    def __init__(self, config: dict[str, str], group_id: str, *, lag: Gauge | None = None) -> None:
+        self._lag = LagGauge(lag) if lag is not None else None
+        callbacks: dict[str, object] = {} if self._lag is None else {"stats_cb": self._lag.on_stats}
+        self._consumer = Consumer(CONSUMER_DEFAULTS | config | {"group.id": group_id} | callbacks)
 
     def subscribe(
         self, topics: Sequence[str], on_assign: AssignHook, on_revoke: RevokeHook, on_lost: RevokeHook
@@ -113,7 +119,11 @@ class KafkaConsumerClient:
                 raise
 
     def close(self) -> None:
-        self._consumer.close()
+        try:
+            self._consumer.close()
+        finally:
+            if self._lag is not None:
+                self._lag.clear()
 
 
 def to_record(msg: Message) -> Record | None:

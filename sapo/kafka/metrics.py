@@ -48,6 +48,13 @@ class TransportMetrics:
         self.pending = Gauge(
             f"{p}_messages_pending", "Consumed messages not yet finished (uncommittable).", registry=registry
         )
+        self.consumer_lag = Gauge(
+            f"{p}_consumer_lag_messages",
+            "Messages between an assigned partition's high watermark and this consumer's position "
+            "(not yet read), from librdkafka's statistics (sapo.kafka.lag).",
+            ["topic", "partition"],
+            registry=registry,
+        )
         self.assigned_partitions = Gauge(
             f"{p}_assigned_partitions", "Partitions currently assigned to this consumer.", registry=registry
         )

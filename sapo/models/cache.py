@@ -1,6 +1,8 @@
 """sapo's on-disk cache of built models and tokenizers, and how entries are created safely.
 
-Root: ``$SAPO_CACHE_DIR`` (default ``~/.cache/sapo-swarm``). Entries are built in a temporary sibling
+Root: ``$SAPO_CACHE_DIR``, else ``sapo-swarm`` in the user's cache directory as `platformdirs` finds it:
+``$XDG_CACHE_HOME/sapo-swarm`` when that is set (the images point it at a writable volume, since their
+HOME is read-only), ``~/.cache/sapo-swarm`` otherwise on Linux. Entries are built in a temporary sibling
 directory and renamed into place, under an advisory file lock, so several processes doing their first
 load at once build the entry once and never observe a half-written directory.
 """
@@ -16,15 +18,21 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import platformdirs
+
 log = logging.getLogger(__name__)
 
 CACHE_ENV = "SAPO_CACHE_DIR"
+APP_NAME = "sapo-swarm"
 
 
 def cache_root() -> Path:
-    """Root of sapo's on-disk cache: ``$SAPO_CACHE_DIR`` or ``~/.cache/sapo-swarm``."""
+    """Root of sapo's on-disk cache: ``$SAPO_CACHE_DIR``, else the user cache directory's ``sapo-swarm``
+    (``$XDG_CACHE_HOME`` honoured); see the module docstring."""
     configured = os.environ.get(CACHE_ENV)
-    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "sapo-swarm"
+    if configured:
+        return Path(configured).expanduser()
+    return Path(platformdirs.user_cache_dir(APP_NAME, appauthor=False))
 
 
 @contextlib.contextmanager

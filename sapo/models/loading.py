@@ -13,7 +13,8 @@ A model reference is one of:
   (1024 tokens, another chat template; see :mod:`sapo.models.bpe`) instead of the bundled one, same
   grammar after the colon: a second tokenizer family for heterogeneous swarms.
 - anything else: a Hugging Face model id or local path for ``from_pretrained``. Nothing is downloaded
-  unless the caller passes ``allow_download=True``.
+  unless the caller passes ``allow_download=True``; a model that is not local fails first with what to
+  set (:func:`sapo.models.hub.require_local`).
 
 Built models and tokenizers are cached (:mod:`sapo.models.cache`).
 """
@@ -24,7 +25,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from sapo.models.bundled import BUNDLED_REF, bundled_model_dir
-from sapo.models.refs import project_tokenizer, ref_kind
+from sapo.models.hub import require_local
+from sapo.models.refs import is_project_ref, project_tokenizer, ref_kind
 from sapo.models.tiny import build_tiny_model, parse_tiny_ref
 from sapo.models.warm import warm_model_dir
 
@@ -56,9 +58,20 @@ def load_model(
         raise ValueError(f"unknown bundled model {model_ref!r}; the only bundled model is {BUNDLED_REF!r}")
     else:
         path, local_only = model_ref, not allow_download
+        if local_only:
+            require_loadable(model_ref)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=local_only)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
     return _placed(model, dtype, device), tokenizer
+
+
+def require_loadable(model_ref: str) -> None:
+    """Fail now, saying what to set, when ``model_ref`` is a Hugging Face id or path that is not on this
+    machine (`sapo.models.hub`); the project's own and the bundled models always are. Services call it
+    before anything slow (a lease, a model load), so a missing model fails at start."""
+    if model_ref.startswith("bundled:") or is_project_ref(model_ref):
+        return
+    require_local(model_ref)
 
 
 def _placed(model: PreTrainedModel, dtype: torch.dtype, device: str | torch.device) -> PreTrainedModel:

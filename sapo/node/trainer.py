@@ -39,6 +39,7 @@ from sapo.kafka import (
 )
 from sapo.kafka.records import TopicPartition
 from sapo.lifecycle import StopFlag
+from sapo.models import require_loadable
 from sapo.node.build import build_trainer
 from sapo.node.lease import Lease, node_lease
 from sapo.node.metrics import TrainerMetrics
@@ -133,6 +134,7 @@ class TrainerService:
     def from_runtime(cls, settings: TrainerSettings, runtime: Runtime) -> Self | None:
         """Take the node's trainer lease (a standby waits), load the model, resume (or write version 0)
         and announce it: ready to consume. None when stopped while waiting for the lease."""
+        require_loadable(settings.model)  # a model that is not on this machine fails before the lease
         lease = node_lease(runtime, settings, SERVICE)
         if not lease.acquire():  # resume reads the store only once no other trainer writes it
             return None

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -12,6 +15,7 @@ from transformers import PreTrainedTokenizerBase
 
 from sapo.models import build_tiny_model, cache_root, load_model
 from sapo.models.cache import materialize_dir
+from sapo.models.hub import ModelUnavailableError
 
 pytestmark = pytest.mark.unit
 
@@ -67,10 +71,45 @@ def test_losing_the_rename_race_uses_the_winners_copy(tmp_path: Path) -> None:
 
 
 def test_cache_root_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("SAPO_CACHE_DIR", str(tmp_path))
-    assert cache_root() == tmp_path
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("SAPO_CACHE_DIR", str(tmp_path / "sapo"))
+    assert cache_root() == tmp_path / "sapo"  # SAPO_CACHE_DIR wins
     monkeypatch.delenv("SAPO_CACHE_DIR")
-    assert cache_root() == Path.home() / ".cache" / "sapo-swarm"
+    assert cache_root() == tmp_path / "xdg" / "sapo-swarm"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_root() == tmp_path / "home" / ".cache" / "sapo-swarm"
+
+
+def test_a_read_only_home_builds_models_under_xdg_cache_home(tmp_path: Path) -> None:
+    """What the images do: HOME is not writable, XDG_CACHE_HOME points at a volume. A cached build (the
+    BPE tokenizer) in a fresh process lands under XDG_CACHE_HOME, not in ~/.cache; without
+    XDG_CACHE_HOME it fails on the read-only HOME (checked unless root, who writes through the bits)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SAPO_", "XDG_"))}
+    env |= {"HOME": str(home), "PYTHONPATH": str(Path(__file__).parents[3]), "OMP_NUM_THREADS": "1"}
+
+    def build(extra: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        script = "from sapo.models import bpe_tokenizer_dir; print(bpe_tokenizer_dir())"
+        command = [sys.executable, "-c", script]
+        return subprocess.run(
+            command, env=env | extra, capture_output=True, text=True, timeout=300, check=False
+        )
+
+    home.chmod(0o555)
+    try:
+        if os.geteuid() != 0:
+            refused = build({})
+            assert refused.returncode != 0 and "Permission denied" in refused.stderr, refused.stderr
+        built = build({"XDG_CACHE_HOME": str(tmp_path / "xdg")})
+    finally:
+        home.chmod(0o755)
+    assert built.returncode == 0, built.stderr
+    directory = Path(built.stdout.strip())
+    assert directory.is_relative_to(tmp_path / "xdg" / "sapo-swarm"), directory
+    assert any(directory.iterdir())
+    assert not (home / ".cache").exists()
 
 
 def test_local_path_loads_offline(tokenizer: PreTrainedTokenizerBase, tmp_path: Path) -> None:
@@ -86,5 +125,5 @@ def test_local_path_loads_offline(tokenizer: PreTrainedTokenizerBase, tmp_path: 
 def test_unknown_references_fail_fast(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="only bundled model"):
         load_model("bundled:llama-70b")
-    with pytest.raises(OSError):  # not a directory and no download allowed
+    with pytest.raises(ModelUnavailableError, match="no such directory"):  # and no download allowed
         load_model(str(tmp_path / "does-not-exist"))

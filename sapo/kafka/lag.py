@@ -1,0 +1,82 @@
+"""Consumer lag per assigned partition, from librdkafka's statistics, as a gauge.
+
+librdkafka computes per-partition offsets from what it already knows and hands them to the application
+every `statistics.interval.ms` (the `stats_cb`, served by `poll`, so on the consumer loop's own thread):
+no extra request to the brokers, unlike a watermark query per partition per scrape. The high watermark
+comes from fetch responses (on the embedded broker too, whose ListOffsets answer can be too low).
+
+Lag here is `hi_offset - app_offset`: messages the service has not read yet. librdkafka's own
+`consumer_lag` is measured from the committed offset instead, which our loop keeps behind records it
+holds on purpose (a sampler's pooled groups, a trainer's batches until their checkpoint), so it would
+report a busy, healthy consumer as behind. Before the first message of an assignment is read, the
+position is the committed offset, or the low watermark when there is none (auto.offset.reset=earliest).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from prometheus_client import Gauge
+
+from sapo.kafka.records import TopicPartition
+
+log = logging.getLogger(__name__)
+
+_INVALID = -1001  # librdkafka's RD_KAFKA_OFFSET_INVALID: not known (yet)
+
+
+def partition_lags(stats: Mapping[str, Any]) -> dict[TopicPartition, int]:
+    """Unread messages of every assigned partition with a known high watermark, from one statistics
+    object (librdkafka's STATISTICS.md: topics -> partitions -> offsets)."""
+    lags: dict[TopicPartition, int] = {}
+    for topic, entry in stats.get("topics", {}).items():
+        for key, p in entry.get("partitions", {}).items():
+            partition = int(key)
+            high = int(p.get("hi_offset", _INVALID))
+            if partition < 0 or not p.get("desired", False) or high < 0:  # -1: the unassigned queue
+                continue
+            position = next(
+                (
+                    int(p[name])
+                    for name in ("app_offset", "committed_offset", "lo_offset")
+                    if int(p.get(name, _INVALID)) >= 0
+                ),
+                None,
+            )
+            if position is not None:
+                lags[(topic, partition)] = max(0, high - position)
+    return lags
+
+
+class LagGauge:
+    """Sets `gauge{topic, partition}` from each statistics callback of one client, and removes the
+    series of partitions the client no longer reports (revoked) or when it closes."""
+
+    def __init__(self, gauge: Gauge) -> None:
+        self._gauge = gauge
+        self._shown: set[TopicPartition] = set()
+
+    def on_stats(self, raw: str) -> None:
+        """librdkafka's `stats_cb`: never raises (a bad statistics object only costs its update)."""
+        try:
+            lags = partition_lags(json.loads(raw))
+        except (ValueError, TypeError, AttributeError) as exc:
+            log.warning("unreadable librdkafka statistics: %s", exc)
+            return
+        for (topic, partition), lag in lags.items():
+            self._gauge.labels(topic, str(partition)).set(lag)
+        self._remove(self._shown - lags.keys())
+        self._shown = set(lags)
+
+    def clear(self) -> None:
+        self._remove(self._shown)
+        self._shown = set()
+
+    def _remove(self, tps: set[TopicPartition]) -> None:
+        for topic, partition in tps:
+            with contextlib.suppress(KeyError):  # another client of this process removed it already
+                self._gauge.remove(topic, str(partition))
