@@ -23,6 +23,7 @@ from pathlib import Path
 from types import FrameType
 
 from sapo.broker import DEFAULT_HOST, LIBRDKAFKA_LOG, BrokerError, EmbeddedBroker
+from sapo.conformance import cli as conformance_cli
 from sapo.identity import cli as keys_cli
 from sapo.inspect import cli as inspect_cli
 from sapo.kafka import KafkaPublisher
@@ -291,6 +292,12 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
         "read or follow sapo topics decoded (table or JSON lines), filtered, or summarized",
         inspect_cli.add_arguments,
         inspect_cli.run,
+    ),
+    Subcommand(
+        "conformance",
+        "drive a running generator, sampler or trainer through the contract; a pass/fail table",
+        conformance_cli.add_arguments,
+        conformance_cli.run,
     ),
     Subcommand(
         "experiment",

@@ -29,7 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sapo.backends",),
     ("sapo.generator", "sapo.sampler", "sapo.trainer"),
     ("sapo.node",),
-    ("sapo.swarm", "sapo.inspect"),
+    ("sapo.swarm", "sapo.inspect", "sapo.conformance"),
     ("sapo.experiment",),
     ("sapo.cli",),
     ("services",),

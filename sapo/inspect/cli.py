@@ -115,11 +115,10 @@ def _property(text: str) -> tuple[str, str]:
     return key, value
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = __doc__
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("topics", nargs="+", metavar="TOPIC", help="what to read (see above)")
-    conn = parser.add_argument_group("connection (overrides SAPO_INSPECT_KAFKA__*)")
+def add_connection_arguments(parser: argparse.ArgumentParser, env: str) -> argparse._ArgumentGroup:
+    """The Kafka connection flags (`sapo inspect`, `sapo conformance`): they override the typed
+    `KafkaConnection` read from the `env` variables; `kafka_overrides` turns them into its fields."""
+    conn = parser.add_argument_group(f"connection (overrides {env})")
     conn.add_argument("--bootstrap", help="bootstrap.servers (HOST:PORT[,...])")
     conn.add_argument("--security-protocol", choices=[p.value for p in SecurityProtocol])
     conn.add_argument("--sasl-mechanism", help="PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER")
@@ -133,6 +132,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "-X", dest="properties", action="append", type=_property, default=[], metavar="KEY=VALUE",
         help="any other librdkafka property (repeatable)",
     )  # fmt: skip
+    return conn
+
+
+def kafka_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The `KafkaConnection` fields the connection flags set (secrets read from their files)."""
+    kafka: dict[str, Any] = {
+        "bootstrap_servers": args.bootstrap,
+        "security_protocol": args.security_protocol,
+        "sasl_mechanism": args.sasl_mechanism,
+        "sasl_username": args.sasl_username,
+        "sasl_password": _read_secret(args.sasl_password_file, "--sasl-password-file"),
+        "ssl_ca_location": args.ssl_ca_location,
+        "ssl_certificate_location": args.ssl_certificate_location,
+        "ssl_key_location": args.ssl_key_location,
+        "ssl_key_password": _read_secret(args.ssl_key_password_file, "--ssl-key-password-file"),
+    }
+    overrides = {k: v for k, v in kafka.items() if v is not None}
+    if args.properties:
+        overrides["extra"] = dict(args.properties)
+    return overrides
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("topics", nargs="+", metavar="TOPIC", help="what to read (see above)")
+    conn = add_connection_arguments(parser, "SAPO_INSPECT_KAFKA__*")
     conn.add_argument("--prefix", help="topic name prefix (default: SAPO_INSPECT_TOPIC_PREFIX or sapo)")
     where = parser.add_argument_group("where to start (default: the beginning)")
     start = where.add_mutually_exclusive_group()
@@ -168,20 +194,7 @@ def _read_secret(path: Path | None, flag: str) -> str | None:
 
 def settings_from(args: argparse.Namespace) -> InspectSettings:
     """Environment first, flags over it; exits with what to set when the result is invalid."""
-    kafka: dict[str, Any] = {
-        "bootstrap_servers": args.bootstrap,
-        "security_protocol": args.security_protocol,
-        "sasl_mechanism": args.sasl_mechanism,
-        "sasl_username": args.sasl_username,
-        "sasl_password": _read_secret(args.sasl_password_file, "--sasl-password-file"),
-        "ssl_ca_location": args.ssl_ca_location,
-        "ssl_certificate_location": args.ssl_certificate_location,
-        "ssl_key_location": args.ssl_key_location,
-        "ssl_key_password": _read_secret(args.ssl_key_password_file, "--ssl-key-password-file"),
-    }
-    overrides: dict[str, Any] = {"kafka": {k: v for k, v in kafka.items() if v is not None}}
-    if args.properties:
-        overrides["kafka"]["extra"] = dict(args.properties)
+    overrides: dict[str, Any] = {"kafka": kafka_overrides(args)}
     if args.prefix is not None:
         overrides["topic_prefix"] = args.prefix
     if args.idle is not None:

@@ -19,6 +19,9 @@ LOCAL_IMPORTS = {
     ("sapo.cli", "sapo.swarm.manifest"): "start-up time",
     ("sapo.cli", "sapo.swarm.run"): "start-up time",
     ("sapo.swarm.run", "sapo.swarm.inprocess"): "the services' launcher never loads torch or models",
+    ("sapo.conformance.cli", "sapo.conformance.generator"): "start-up time: `sapo --help` never loads torch",
+    ("sapo.conformance.cli", "sapo.conformance.sampler"): "start-up time",
+    ("sapo.conformance.cli", "sapo.conformance.trainer"): "start-up time",
 }
 
 

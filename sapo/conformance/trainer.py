@@ -1,0 +1,320 @@
+"""The trainer scenario: the kit plays the node's sampler (its batch topic) and reads what the trainer
+writes (policy announcements, checkpoints through their URLs, work items, dead letters, its lease)
+and commits.
+
+1. On start: version 0 announced, its checkpoint readable and matching its digests; round 0 planned.
+2. Batch 0 (one local and one external group): version 1 announced for it, then round 1 planned.
+3. Batch 0 again, and every kind of batch the trainer must refuse (undecodable, another node's, a
+   group without a source, one from a fenced-out sampler's epoch), then batch 1 without groups (a
+   lock-step round without signal): version 2 must be batch 1's, the duplicate trained never.
+Throughout, the trainer's committed offset must never pass a batch whose version is not announced.
+"""
+
+from __future__ import annotations
+
+import time
+
+from sapo import storage
+from sapo.checkpoints import CheckpointError, read_manifest
+from sapo.conformance import material
+from sapo.conformance.common import (
+    Position,
+    Rejected,
+    Sender,
+    Target,
+    check_dead_letters,
+    check_lease,
+    decoded,
+    header_problem,
+)
+from sapo.conformance.observe import Committed, Tail
+from sapo.conformance.results import Results
+from sapo.kafka import Record
+from sapo.v1 import batch_pb2, policy_pb2, work_pb2
+from sapo.wire import message_headers
+
+SAMPLER_EPOCH = 1
+"""The epoch the kit's batches carry, as a sampler holding the node's sampler lease would."""
+
+
+class _Run:
+    def __init__(self, target: Target, results: Results) -> None:
+        self.t = target
+        self.r = results
+        self.topics = target.topics
+        self.out = Sender(target.kafka)
+        topics = [self.topics.policy, self.topics.work, self.topics.dlq, self.topics.leases]
+        self.tail = Tail(target.consumer, topics)
+        self.commits = Committed(target.consumer, target.group("trainer"))
+        self.questions = material.questions()
+        self.sent: dict[str, Position] = {}  # batch id -> where the valid (first) copy was sent
+        self.commit_problems: list[str] = []
+        self.commit_seen = -1
+
+    def close(self) -> None:
+        self.tail.close()
+        self.commits.close()
+
+    def updates(self) -> list[tuple[Record, policy_pb2.PolicyUpdate]]:
+        found = decoded(self.tail.on(self.topics.policy), policy_pb2.PolicyUpdate)
+        return [(r, u) for r, u in found if u is not None]
+
+    def update(self, version: int, timeout_s: float) -> tuple[Record, policy_pb2.PolicyUpdate] | None:
+        return self.tail.wait(
+            lambda: next((p for p in self.updates() if p[1].version == version), None), timeout_s
+        )
+
+    def items(self, round_: int) -> list[tuple[Record, work_pb2.WorkItem]]:
+        found = decoded(self.tail.on(self.topics.work), work_pb2.WorkItem)
+        return [(r, i) for r, i in found if i is not None and i.round == round_]
+
+    def send_batch(self, batch: batch_pb2.TrainingBatch) -> Position:
+        value = batch.SerializeToString()
+        headers = message_headers("TrainingBatch", batch.node_id, value)
+        position = self.out.send(self.topics.batches, batch.batch_id.encode(), value, headers)
+        self.sent.setdefault(batch.batch_id, position)
+        return position
+
+    def batch(self, sequence: int, groups: int) -> batch_pb2.TrainingBatch:
+        sources = [batch_pb2.GROUP_SOURCE_LOCAL, batch_pb2.GROUP_SOURCE_EXTERNAL][:groups]
+        node = self.t.node
+        members = [
+            material.batch_group(
+                next(self.questions), node if s == batch_pb2.GROUP_SOURCE_LOCAL else "kit-peer-1", s, sequence
+            )
+            for s in sources
+        ]
+        return material.batch(node, sequence, members, epoch=SAMPLER_EPOCH)
+
+    def watch_commits(self, seconds: float) -> None:
+        """Observe the trainer's committed offset for `seconds`: each observation, every batch below
+        it must have its version announced (announcements are acknowledged before any commit, so one
+        made before the commit is readable once the policy topic is read to idle)."""
+        tp = (self.topics.batches, 0)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not self.commit_problems:
+            committed = self.commits.offsets([tp])[tp]
+            self.tail.pump(1.0)
+            self.commit_seen = max(self.commit_seen, committed)
+            announced = {u.batch_id for _, u in self.updates()}
+            early = [
+                bid
+                for bid, (_, _, offset) in self.sent.items()
+                if offset < committed and bid not in announced
+            ]
+            if early:
+                self.commit_problems.append(
+                    f"{self.t.group('trainer')} committed {tp[0]}/0 up to {committed} before batches {early} "
+                    "were in an announced version"
+                )
+
+
+def run(target: Target, results: Results) -> None:
+    run = _Run(target, results)
+    try:
+        _scenario(run)
+    finally:
+        run.close()
+
+
+def _scenario(run: _Run) -> None:
+    t, topics = run.t, run.topics
+    got = run.update(0, t.timeout_s)
+    if not run.r.add(
+        "announces its policy on start",
+        "§9.3",
+        got is not None,
+        f"version 0 on {topics.policy}"
+        if got
+        else f"no version 0 on {topics.policy} within {t.timeout_s:.0f} s",
+    ):
+        return
+    assert got is not None
+    _check_update(run, *got, expect_batch="")
+    _check_plan(run, 0)
+
+    batch0 = run.batch(0, groups=2)
+    run.send_batch(batch0)
+    run.watch_commits(1.0)
+    got1 = run.update(1, t.timeout_s)
+    if not run.r.add(
+        "trains a batch into the next version",
+        "§9.2",
+        got1 is not None,
+        "version 1 announced after batch 0"
+        if got1
+        else f"no version 1 within {t.timeout_s:.0f} s of batch {batch0.batch_id}",
+    ):
+        return
+    assert got1 is not None
+    _check_update(run, *got1, expect_batch=batch0.batch_id)
+    _check_plan(run, 1)
+    run.watch_commits(t.quiet_s / 2)
+
+    dead = _send_refused(run, batch0)
+    batch1 = run.batch(1, groups=0)
+    run.send_batch(batch1)
+    got2 = run.update(2, t.timeout_s)
+    run.r.add(
+        "keeps going after bad input",
+        "§5.5",
+        got2 is not None,
+        "version 2 announced after the refused batches"
+        if got2
+        else f"no version 2 within {t.timeout_s:.0f} s of batch {batch1.batch_id}",
+    )
+    run.watch_commits(t.quiet_s)
+    _check_versions(run, {1: batch0.batch_id, 2: batch1.batch_id})
+    check_dead_letters(run.r, run.tail, topics, dead, t.timeout_s)
+    updates = {u.version: u.epoch for _, u in run.updates()}
+    items = {f"round {i.round} work item": i.epoch for _, i in run.items(0)[:1] + run.items(1)[:1]}
+    check_lease(
+        run.r, run.tail, topics, "trainer", {f"version {v}": e for v, e in sorted(updates.items())} | items
+    )
+    _check_commits(run, batch1.batch_id)
+
+
+def _check_update(run: _Run, record: Record, update: policy_pb2.PolicyUpdate, *, expect_batch: str) -> None:
+    node = run.t.node
+    problems = []
+    if record.key != node.encode():
+        problems.append(f"key {record.key!r}, expected the node id")
+    problem = header_problem(record, "PolicyUpdate", node)
+    if problem:
+        problems.append(problem)
+    if update.node_id != node or update.batch_id != expect_batch:
+        problems.append(f"node {update.node_id!r}, batch id {update.batch_id!r} (expected {expect_batch!r})")
+    if expect_batch and not update.HasField("metrics"):
+        problems.append("no step metrics")
+    run.r.add(
+        f"version {update.version} announcement",
+        "§9.3",
+        not problems,
+        "; ".join(problems) or f"key, headers, node, batch id{', step metrics' if expect_batch else ''}",
+    )
+    run.r.add(f"version {update.version} is durable before it is announced", "§9.3", *_durable(update))
+
+
+def _durable(update: policy_pb2.PolicyUpdate) -> tuple[bool, str]:
+    """Whether the announced checkpoint can be read and matches its digests."""
+    try:
+        manifest, directory = read_manifest(update.manifest_uri, update.manifest_sha256)
+        if manifest.node_id != update.node_id or manifest.version != update.version:
+            return False, f"{update.manifest_uri} describes {manifest.node_id} v{manifest.version}"
+        for entry in manifest.weights:
+            storage.read_verified(directory, entry, manifest.digest)
+    except (CheckpointError, OSError, ValueError) as exc:
+        return False, f"the announced checkpoint {update.manifest_uri} cannot be read: {exc}"
+    return True, f"manifest and {len(manifest.weights)} weight file(s) match their digests"
+
+
+def _check_plan(run: _Run, round_: int) -> None:
+    t = run.t
+    q = t.questions_per_round
+
+    def complete() -> bool:
+        return {i.position for _, i in run.items(round_)} >= set(range(q))
+
+    run.tail.wait(complete, t.timeout_s)
+    items = run.items(round_)
+    problems = []
+    if not complete():
+        problems.append(
+            f"positions {sorted({i.position for _, i in items})} of round {round_}, expected 0..{q - 1}"
+        )
+    for record, item in items:
+        expected = (t.node, round_ * q + item.position, round_, True, round_)
+        got = (
+            item.node_id,
+            item.stream_index,
+            item.min_policy_version,
+            item.HasField("max_policy_version"),
+            item.max_policy_version,
+        )
+        if got != expected or record.key != f"{round_}/{item.position}".encode():
+            problems.append(
+                f"item {record.key!r}: (node, stream index, min, has max, max) = {got}, expected {expected}"
+            )
+            break
+        problem = header_problem(record, "WorkItem", t.node)
+        if problem:
+            problems.append(problem)
+            break
+    run.r.add(
+        f"plans round {round_} once version {round_} exists",
+        "§9.4",
+        not problems,
+        "; ".join(problems) or f"{q} items, lock-step bounds [{round_}, {round_}], stream positions",
+    )
+
+
+def _send_refused(run: _Run, batch0: batch_pb2.TrainingBatch) -> list[Rejected]:
+    node, topic = run.t.node, run.topics.batches
+    run.send_batch(batch0)  # the same batch again: at-least-once delivery
+    dead: list[Rejected] = []
+
+    def send(key: bytes, value: bytes, reason: str, what: str) -> None:
+        position = run.out.send(topic, key, value, message_headers("TrainingBatch", node, value))
+        dead.append(Rejected(position, key, value, reason, what))
+
+    send(b"kit-junk", b"\x0a\xff\xff\xff", "undecodable", "undecodable batch")
+    foreign = material.batch("kit-other", 1, [], epoch=SAMPLER_EPOCH)
+    send(foreign.batch_id.encode(), foreign.SerializeToString(), "wrong_node", "batch for another node")
+    sourceless = run.batch(1, groups=1)
+    sourceless.groups[0].source = batch_pb2.GROUP_SOURCE_UNSPECIFIED
+    send(
+        sourceless.batch_id.encode(),
+        sourceless.SerializeToString(),
+        "missing_source",
+        "batch with a group of no source",
+    )
+    fenced = run.batch(1, groups=1)
+    fenced.epoch = SAMPLER_EPOCH - 1
+    send(
+        fenced.batch_id.encode(), fenced.SerializeToString(), "fenced_batch", "batch of a fenced-out sampler"
+    )
+    return dead
+
+
+def _check_versions(run: _Run, expected: dict[int, str]) -> None:
+    by_version: dict[int, set[str]] = {}
+    for _, update in run.updates():
+        by_version.setdefault(update.version, set()).add(update.batch_id)
+    trained = [bid for v, ids in sorted(by_version.items()) if v > 0 for bid in ids]
+    problems = []
+    twice = sorted({bid for bid in trained if trained.count(bid) > 1})
+    if twice:
+        problems.append(
+            f"batch(es) {twice} trained into more than one version: {dict(sorted(by_version.items()))}"
+        )
+    wrong = {v: ids for v, ids in by_version.items() if v in expected and ids != {expected[v]}}
+    if wrong:
+        problems.append(f"versions {wrong}, expected {expected}")
+    run.r.add(
+        "never trains a batch twice",
+        "§9.2",
+        not problems,
+        "; ".join(problems) or "the re-delivered batch 0 was skipped; version 2 is batch 1 (no groups)",
+    )
+
+
+def _check_commits(run: _Run, last_batch: str) -> None:
+    run.r.add(
+        "commits only durable work",
+        "§5.4",
+        not run.commit_problems,
+        "; ".join(run.commit_problems)
+        or f"committed offset never passed an unannounced batch (last seen {run.commit_seen})",
+    )
+    position = run.sent[last_batch]
+    tp = position[:2]
+    done = run.tail.wait(lambda: run.commits.offsets([tp])[tp] > position[2] or None, run.t.timeout_s)
+    run.r.add(
+        "commits once work is durable",
+        "§5.4",
+        bool(done),
+        f"committed past batch {last_batch}"
+        if done
+        else f"{run.t.group('trainer')} did not commit past {last_batch} (offset {position[2]}) within "
+        f"{run.t.timeout_s:.0f} s of its version",
+    )

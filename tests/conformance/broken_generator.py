@@ -1,0 +1,36 @@
+"""Two broken generators the conformance kit must fail (`python -m tests.conformance.broken_generator MODE`):
+
+- `versions`: samples every work item with whatever policy it holds, ignoring the versions the item
+  allows (contract section 7.1): lock-step rounds then mix policies.
+- `unsigned`: publishes its groups without signing them although it has a key (section 3.2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+from sapo.generator.settings import GeneratorSettings
+from sapo.kafka import Disposition, Record
+from sapo.node.generator import GeneratorService
+from sapo.runtime import Runtime, serve
+
+
+class VersionBlindGenerator(GeneratorService):
+    def _hold(self, record: Record) -> Disposition:
+        disposition = super()._hold(record)
+        for slot, (item, held) in list(self._held.items()):
+            self._held[slot] = (dataclasses.replace(item, min_version=0, max_version=None), held)
+        return disposition
+
+
+def unsigned(settings: GeneratorSettings, runtime: Runtime) -> GeneratorService:
+    service = GeneratorService.from_runtime(settings, runtime)
+    service._signer = None  # the breakage under test
+    return service
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    build = VersionBlindGenerator.from_runtime if mode == "versions" else unsigned
+    raise SystemExit(serve("generator", GeneratorSettings, build, argv=[]))

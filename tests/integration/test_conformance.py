@@ -1,0 +1,156 @@
+"""The conformance kit against real service processes on the real broker: the project's three
+services conform; a deliberately broken variant of each fails with a readable reason.
+
+The sampler runs are driven through the `sapo conformance` command (exit status and table); the
+others call the kit's entry point in this process, which the command wraps.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from sapo.conformance.cli import run_kit
+from sapo.conformance.common import GeneratorTarget
+from sapo.conformance.results import Results, Status
+from sapo.identity import NodeKey
+from sapo.identity.keys import write_private
+from sapo.identity.trustlist import TrustList, build_store
+from tests.conformance.launch import MODEL, NODE, QUESTIONS, ROOT, running, target
+
+pytestmark = pytest.mark.integration
+
+
+@dataclass(frozen=True)
+class Broken:
+    """A broken variant (`python -m tests.conformance.broken_<service> MODE`), the check it must fail
+    and words its reason must contain."""
+
+    mode: str
+    check: str
+    reason: str
+
+    def __str__(self) -> str:
+        return self.mode
+
+
+def _kit_cli(bootstrap: str, prefix: str, service: str) -> subprocess.CompletedProcess[str]:
+    kit = ["conformance", service, "--bootstrap", bootstrap, "--node", NODE, "--prefix", prefix]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sapo.cli",
+        *kit,
+        "--timeout",
+        "150",
+        "--quiet",
+        "3",
+        "--questions-per-round",
+        str(QUESTIONS),
+    ]
+    env = os.environ | {"PYTHONPATH": str(ROOT), "COLUMNS": "200", "SAPO_CONFORMANCE_FETCH_WAIT_MAX_MS": "50"}
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400, check=False)
+
+
+def _failed(results: Results) -> dict[str, str]:
+    return {c.name: c.detail for c in results.checks if c.status is Status.FAIL}
+
+
+def _generator_setup(tmp_path: Path) -> tuple[dict[str, str], GeneratorTarget]:
+    """A node key for the generator to sign with, and the trust list the kit verifies against."""
+    key = NodeKey.generate()
+    write_private(tmp_path / "node.pem", key)
+    trust = build_store(TrustList(nodes={NODE: (key.public_text,)}), tofu=False, max_pinned_nodes=0)
+    settings = {"IDENTITY__PRIVATE_KEY_FILE": str(tmp_path / "node.pem")}
+    return settings, GeneratorTarget(MODEL, str(tmp_path / "checkpoints"), trust)
+
+
+def test_the_sampler_conforms_and_one_that_commits_pooled_groups_does_not(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    with running("sampler", "services.sampler.main", kafka_bootstrap, topic_prefix, tmp_path / "good.log"):
+        good = _kit_cli(kafka_bootstrap, topic_prefix, "sampler")
+    assert good.returncode == 0, good.stdout + good.stderr + (tmp_path / "good.log").read_text()[-3000:]
+    assert "sampler node-under-test: conformant (17 passed, 0 failed, 0 skipped)" in good.stdout
+    assert "refuses what it must" in good.stdout and "§8.2" in good.stdout
+
+    prefix = topic_prefix + ".broken"
+    log = tmp_path / "broken.log"
+    with running("sampler", "tests.conformance.broken_sampler", kafka_bootstrap, prefix, log):
+        bad = _kit_cli(kafka_bootstrap, prefix, "sampler")
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    [line] = [line for line in bad.stdout.splitlines() if "commits only finished input" in line]
+    assert "FAIL" in line and "§5.3" in line and "was pooled and in no batch" in bad.stdout
+    assert "NOT conformant (16 passed, 1 failed" in bad.stdout
+
+
+def test_the_trainer_conforms(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> None:
+    settings = {"CHECKPOINT_ROOT": str(tmp_path / "checkpoints")}
+    with running(
+        "trainer", "services.trainer.main", kafka_bootstrap, topic_prefix, tmp_path / "log", settings=settings
+    ):
+        results = run_kit(target("trainer", kafka_bootstrap, topic_prefix))
+    assert results.passed, results.to_json() + (tmp_path / "log").read_text()[-3000:]
+    assert len(results.checks) == 15
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        Broken("twice", "never trains a batch twice", "trained into more than one version"),
+        pytest.param(
+            Broken("no-checkpoint", "version 1 is durable before it is announced", "cannot be read"),
+            marks=pytest.mark.slow,
+        ),
+    ],
+    ids=str,
+)
+def test_a_broken_trainer_fails(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, case: Broken
+) -> None:
+    mode, check, reason = case.mode, case.check, case.reason
+    settings = {"CHECKPOINT_ROOT": str(tmp_path / "checkpoints")}
+    log = tmp_path / "log"
+    module = "tests.conformance.broken_trainer"
+    with running("trainer", module, kafka_bootstrap, topic_prefix, log, settings=settings, args=[mode]):
+        results = run_kit(target("trainer", kafka_bootstrap, topic_prefix))
+    assert list(_failed(results)) == [check], results.to_json() + log.read_text()[-3000:]
+    assert reason in _failed(results)[check]
+
+
+def test_the_generator_conforms(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> None:
+    settings, extra = _generator_setup(tmp_path)
+    log = tmp_path / "log"
+    with running(
+        "generator", "services.generator.main", kafka_bootstrap, topic_prefix, log, settings=settings
+    ):
+        results = run_kit(target("generator", kafka_bootstrap, topic_prefix), extra)
+    assert results.passed, results.to_json() + log.read_text()[-3000:]
+    assert [c.status for c in results.checks].count(Status.PASS) == 13
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        Broken("versions", "waits for the version an item needs", "while only version 0 was announced"),
+        pytest.param(Broken("unsigned", "signs shared groups", "unsigned"), marks=pytest.mark.slow),
+    ],
+    ids=str,
+)
+def test_a_broken_generator_fails(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, case: Broken
+) -> None:
+    mode, check, reason = case.mode, case.check, case.reason
+    settings, extra = _generator_setup(tmp_path)
+    log = tmp_path / "log"
+    module = "tests.conformance.broken_generator"
+    with running("generator", module, kafka_bootstrap, topic_prefix, log, settings=settings, args=[mode]):
+        results = run_kit(target("generator", kafka_bootstrap, topic_prefix), extra)
+    failed = _failed(results)
+    assert check in failed, results.to_json() + log.read_text()[-3000:]
+    assert reason in failed[check]
