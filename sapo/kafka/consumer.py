@@ -65,6 +65,9 @@ DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
 """Largest message a loop reassembles unless told otherwise (services pass their setting)."""
 
 
+_UNKNOWN_PARTITION = frozenset({KafkaError._UNKNOWN_PARTITION, KafkaError.UNKNOWN_TOPIC_OR_PART})
+
+
 class TransportError(ServiceError):
     """A fatal client error: the service must stop (and be restarted) rather than carry on."""
 
@@ -117,6 +120,24 @@ class KafkaConsumerClient:
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError._NO_OFFSET:
                 raise
+
+    def offset_bounds(
+        self, tps: Sequence[TopicPartition], timeout_s: float
+    ) -> dict[TopicPartition, tuple[int, int]]:
+        """ListOffsets (earliest, latest) per partition, asked of the broker (never librdkafka's cache).
+        The embedded broker's latest can be too low (docs/architecture.md): use it where that is safe."""
+        bounds: dict[TopicPartition, tuple[int, int]] = {}
+        for topic, partition in tps:
+            try:
+                low, high = self._consumer.get_watermark_offsets(
+                    KafkaTopicPartition(topic, partition), timeout=timeout_s, cached=False
+                )
+            except KafkaException as exc:
+                if exc.args[0].code() in _UNKNOWN_PARTITION:
+                    continue
+                raise TransportError(f"could not read the offsets of {topic}/{partition}: {exc}") from exc
+            bounds[(topic, partition)] = (int(low), int(high))
+        return bounds
 
     def close(self) -> None:
         try:

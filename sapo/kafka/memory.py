@@ -99,5 +99,11 @@ class MemoryConsumerClient:
         for tp, offset in self._stored.items():
             self._bus.committed[(self._group, tp)] = offset
 
+    def offset_bounds(
+        self, tps: Sequence[TopicPartition], timeout_s: float
+    ) -> dict[TopicPartition, tuple[int, int]]:
+        known = [tp for tp in tps if tp[0] in self._bus.topics and tp[1] == 0]
+        return {tp: (0, len(self._bus.topics[tp[0]])) for tp in known}
+
     def close(self) -> None:
         self.commit()

@@ -57,6 +57,12 @@ class ConsumerClient(Protocol):
     def commit(self) -> None:
         """Synchronously commit stored positions."""
 
+    def offset_bounds(
+        self, tps: Sequence[TopicPartition], timeout_s: float
+    ) -> dict[TopicPartition, tuple[int, int]]:
+        """(first, end) offset of each partition as the broker answers now, end being the offset the
+        next message will get; partitions the broker does not know are left out."""
+
     def close(self) -> None:
         """Leave the group and release resources (stored positions are committed first)."""
 

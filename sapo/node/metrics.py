@@ -148,6 +148,12 @@ class SamplerMetrics:
             "Training batches acknowledged by the broker.",
             registry=registry,
         )
+        self.sequence_jumps = Counter(
+            "sapo_sampler_sequence_jumps_total",
+            "Times the batch sequence moved forward to where the trainer expects it (the node's batch "
+            "topic lost its history while the checkpoints stayed).",
+            registry=registry,
+        )
         self.batch_groups = Histogram(
             "sapo_sampler_batch_groups",
             "Groups per emitted batch, by source (the realised I/J mix).",
@@ -209,6 +215,11 @@ class TrainerMetrics:
             "nonfinite_updates", "Optimizer steps not applied because the gradient norm was not finite."
         )
         self.batches = counter("batches", "Training batches consumed, by outcome.", ("outcome",))
+        self.input_offsets_reset = counter(
+            "input_offsets_reset",
+            "Batch partitions read again from their beginning at start because the offset the state "
+            "stores lies beyond their end (the batch topic was re-created).",
+        )
         self.sequence_gaps = counter(
             "sequence_gaps", "Batch sequence numbers skipped upstream (a batch arrived ahead of the next)."
         )

@@ -1,4 +1,5 @@
-"""Start-up recovery: what the node's own batch topic says was already emitted.
+"""Start-up recovery: what the node's own batch topic says was already emitted, and the node's policy
+topic how far its trainer got.
 
 A restarted sampler must continue at the next sequence and must not put a group that is already in a
 batch into another one (its input offset may not have been committed before the crash). Both facts
@@ -6,7 +7,10 @@ live in the batch topic, so it is read from the beginning by a consumer in a gro
 committed offsets: auto.offset.reset=earliest) until nothing arrived for `idle_s` after the partitions
 were assigned. The end is found by idleness, not the high watermark: the embedded broker reports a
 wrong one, and on Apache Kafka idleness is equally correct because this sampler is the topic's only
-writer and is not writing yet.
+writer and is not writing yet. The policy topic (compacted: the trainer's latest announcement) is read
+by the same consumer in the same pass: when the batch topic was re-created while the checkpoints
+stayed, the announcement, not the empty batch topic, says which sequence the trainer expects next
+(`sapo.sampler.core`).
 """
 
 from __future__ import annotations
@@ -15,13 +19,13 @@ import logging
 import time
 from collections.abc import Callable
 
-from sapo.kafka import ConsumerClient, TransportError
+from sapo.kafka import ConsumerClient, Record, TransportError
 from sapo.kafka.chunks import Reassembler
 from sapo.kafka.records import TopicPartition
 from sapo.lifecycle import StopFlag
-from sapo.sampler import History, HistoryBuilder
-from sapo.v1 import batch_pb2
-from sapo.wire import InvalidMessageError, decode
+from sapo.sampler import History, HistoryBuilder, next_sequence_of
+from sapo.v1 import batch_pb2, policy_pb2
+from sapo.wire import InvalidMessageError, decode, validate_policy_update
 
 log = logging.getLogger(__name__)
 POLL_S = 0.2
@@ -37,9 +41,11 @@ def read_history(
     timeout_s: float,
     stop: StopFlag,
     beat: Callable[[], None],
+    policy_topic: str | None = None,
 ) -> History | None:
-    """The history of `topic`; None when `stop` was set first (the caller must not consume then).
-    Raises TransportError when the topic was not assigned or not read within `timeout_s`."""
+    """The history of `topic` (and of the trainer's announcements on `policy_topic`); None when `stop`
+    was set first (the caller must not consume then). Raises TransportError when the topics were not
+    assigned or not read within `timeout_s`."""
     builder = HistoryBuilder(node_id)
     chunks = Reassembler(max_bytes, 2 * max_bytes)
     assigned: list[TopicPartition] = []
@@ -48,7 +54,8 @@ def read_history(
         assigned.extend(tps)
         return {}
 
-    client.subscribe([topic], on_assign, lambda _tps: None, lambda _tps: None)
+    topics = [topic] if policy_topic is None else [topic, policy_topic]
+    client.subscribe(topics, on_assign, lambda _tps: None, lambda _tps: None)
     started = last_read = time.monotonic()
     try:
         while not stop.is_set():
@@ -66,12 +73,15 @@ def read_history(
                 if assigned and now - last_read >= idle_s:
                     history = builder.history()
                     log.info(
-                        "recovered %d batches from %s: next sequence %d, next round %d, %d groups used",
+                        "recovered %d batches from %s: next sequence %d, next round %d, %d groups "
+                        "used; the trainer announced v%d, expects sequence %d",
                         history.batches,
-                        topic,
+                        ", ".join(topics),
                         history.next_sequence,
                         history.next_round,
                         len(history.used_group_ids),
+                        history.trainer_version,
+                        history.trainer_next_sequence,
                     )
                     return history
                 continue
@@ -85,6 +95,9 @@ def read_history(
                 builder.add_undecodable(incomplete.parts[0].key)
             if batch is None:
                 continue
+            if batch.topic == policy_topic:
+                _fold_announcement(builder, batch, node_id, max_bytes)
+                continue
             try:
                 builder.add(decode(batch_pb2.TrainingBatch, batch.value, max_bytes))
             except InvalidMessageError:
@@ -92,3 +105,18 @@ def read_history(
     finally:
         client.close()
     return None
+
+
+def _fold_announcement(builder: HistoryBuilder, record: Record, node_id: str, max_bytes: int) -> None:
+    """A valid announcement of this node's trainer moves the history's sequence and round forward."""
+    try:
+        update = decode(policy_pb2.PolicyUpdate, record.value, max_bytes)
+    except InvalidMessageError as exc:
+        log.warning("unreadable policy update at %s/%d/%d: %s", *record.tp, record.offset, exc)
+        return
+    if validate_policy_update(update) is not None or update.node_id != node_id:
+        log.warning(
+            "policy update at %s/%d/%d ignored: not a valid one of %s", *record.tp, record.offset, node_id
+        )
+        return
+    builder.trained(next_sequence_of(update), update.version)

@@ -15,6 +15,10 @@ Delivery semantics (at-least-once in; batch ids out exactly once):
   sequence continues after the last batch, and groups already in a batch seed the dedupe set, so
   their re-delivery is rejected as "duplicate". A SIGKILL at any moment therefore neither loses nor
   repeats a batch, and no group lands in two batches.
+- The sequence never falls behind the trainer's: recovery also reads the node's policy topic, and a
+  follower (`sapo.node.trained`) polls it in every step before the node's own groups, so a node whose
+  batch topic was re-created while its checkpoints stayed numbers its next batch where the trainer
+  expects it (`sapo.sampler.core`; counted in sapo_sampler_sequence_jumps_total).
 - A batch the broker does not acknowledge in time raises DeliveryError and the process exits; the
   restart is safe for the same reason (the batch is either in the topic and recovered, or not).
 - SIGTERM: the current step ends, both consumers commit what is finished and leave the group; the
@@ -46,6 +50,7 @@ from sapo.node.identity import IdentityGate, IdentityMetrics, KeysFollower
 from sapo.node.lease import Lease, node_lease
 from sapo.node.metrics import SamplerMetrics
 from sapo.node.recovery import read_history
+from sapo.node.trained import TrainerFollower
 from sapo.ops import Health
 from sapo.runtime import Runtime
 from sapo.sampler import (
@@ -92,6 +97,7 @@ class SamplerService:
         dead_letters: DeadLetters | None,
         identity: IdentityGate | None = None,
         lease: Lease | None = None,
+        trainer_client: ConsumerClient | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._settings = settings
@@ -106,6 +112,11 @@ class SamplerService:
         self._transport = transport
         self._dead_letters = dead_letters
         self.core: SamplerCore[Record] = build_sampler_core(settings, history)
+        self._jumped(
+            history.next_sequence,
+            f"the trainer's announcement of v{history.trainer_version} expects sequence "
+            f"{history.trainer_next_sequence}",
+        )
 
         def loop(client: ConsumerClient, topic: str, origin: Origin) -> ConsumerLoop:
             return ConsumerLoop(
@@ -124,6 +135,17 @@ class SamplerService:
 
         self.local = loop(local_client, topics.rollouts, "local")
         self.swarm = loop(swarm_client, topics.swarm_rollouts, "external")
+        self.trainer: TrainerFollower | None = None
+        if trainer_client is not None:
+            self.trainer = TrainerFollower(
+                trainer_client,
+                topics.policy,
+                settings.node_id,
+                self._follow_trainer,
+                transport=transport,
+                stop=stop,
+                max_payload_bytes=settings.max_payload_bytes,
+            )
 
     @classmethod
     def from_runtime(cls, settings: SamplerSettings, runtime: Runtime) -> Self | None:
@@ -143,6 +165,7 @@ class SamplerService:
             timeout_s=settings.recovery_timeout_s,
             stop=runtime.stop,
             beat=runtime.health.beat,
+            policy_topic=runtime.topics.policy,
         )
         if history is None:
             return None
@@ -169,6 +192,7 @@ class SamplerService:
             dead_letters=runtime.dead_letters,
             identity=identity,
             lease=lease,
+            trainer_client=runtime.consumer("sampler-policy", per_process=True),
         )
 
     @property
@@ -178,18 +202,23 @@ class SamplerService:
 
     def run(self) -> None:
         """Consume and emit until the stop flag is set."""
+        if self.trainer is not None:
+            self.trainer.open()
         self.local.open()
         self.swarm.open()
         while not self._stop.is_set():
             self.step()
 
     def step(self) -> bool:
-        """One poll of each stream, then emit every due batch; True when a record was read."""
+        """One poll of each stream (the trainer's announcements first), then emit every due batch;
+        True when a record was read."""
         if self._identity is not None:
             self._identity.poll()
         if self._lease is not None:
             self._lease.check()
-        got = self.local.step(0.0)
+        # The trainer's announcements before the node's groups (sapo.node.trained).
+        got = self.trainer is not None and self.trainer.loop.opened and self.trainer.step()
+        got = self.local.step(0.0) or got
         got = self.swarm.step(0.0) or got
         self._emit_due()
         self._settle_discards()
@@ -207,6 +236,8 @@ class SamplerService:
             self.local.close()
         finally:
             self.swarm.close()
+            if self.trainer is not None:
+                self.trainer.close()
             if self._identity is not None:
                 self._identity.close()
             if self._lease is not None:
@@ -238,7 +269,27 @@ class SamplerService:
         if isinstance(sender, str):
             return sender
         group = parse(record.value, self._settings.max_payload_bytes, record.headers)
-        return self.core.admit(group, origin, record, now, sender)
+        previous = self.core.sequence
+        reason = self.core.admit(group, origin, record, now, sender)
+        self._jumped(previous, f"local group {group.group_id} sampled with policy v{group.policy_version}")
+        return reason
+
+    def _follow_trainer(self, next_sequence: int, version: int) -> None:
+        previous = self.core.sequence
+        self.core.follow_trainer(next_sequence, version)
+        self._jumped(previous, f"the trainer announced v{version} and expects sequence {next_sequence}")
+
+    def _jumped(self, previous: int, why: str) -> None:
+        """Log and count a batch sequence that moved forward to follow the trainer (module docstring)."""
+        if self.core.sequence > previous:
+            log.warning(
+                "batch sequence %d -> %d: %s; this node's batch topic lost its history (re-created "
+                "with the checkpoints kept?)",
+                previous,
+                self.core.sequence,
+                why,
+            )
+            self._metrics.sequence_jumps.inc()
 
     def _emit_due(self) -> None:
         while (assembly := self.core.next_batch(self._clock())) is not None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Self
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 
 SERVICE = "trainer"
 READY_CONDITIONS = ("model_loaded", "partitions_assigned")
+OFFSET_QUERY_TIMEOUT_S = 30.0
 
 
 def checked_batch(record: Record, node_id: str, max_bytes: int) -> batch_pb2.TrainingBatch:
@@ -67,6 +68,19 @@ def checked_batch(record: Record, node_id: str, max_bytes: int) -> batch_pb2.Tra
     if batch.node_id != node_id:
         raise InvalidMessageError("wrong_node", f"batch for {batch.node_id!r} reached {node_id!r}")
     return batch
+
+
+def offsets_beyond_end(
+    stored: Mapping[TopicPartition, int], bounds: Mapping[TopicPartition, tuple[int, int]]
+) -> dict[TopicPartition, int]:
+    """Where to restart each partition whose stored offset lies beyond its end: its first offset. A
+    partition the broker does not know counts as empty."""
+    restart: dict[TopicPartition, int] = {}
+    for tp, offset in stored.items():
+        first, end = bounds.get(tp, (0, 0))
+        if offset > end:
+            restart[tp] = first
+    return restart
 
 
 class TrainerService:
@@ -96,6 +110,7 @@ class TrainerService:
         self.health = health
         self.metrics = metrics
         self.stop = stop
+        self._client = client
         self.loop = ConsumerLoop(
             client,
             [topics.batches],
@@ -169,6 +184,8 @@ class TrainerService:
         )
         written, resumed = self.trainer.initialize()
         log.info("%s version %d", "resumed at" if resumed else "wrote initial", self.trainer.version)
+        if resumed:  # before the announcement: nothing new can be on the batch topic yet
+            self._restart_recreated_partitions()
         self._published = self.trainer.version
         newest = self.trainer.store.latest(self.settings.node_id) if resumed else None
         ahead = newest is not None and newest.manifest.version > self.trainer.version
@@ -283,6 +300,33 @@ class TrainerService:
             with self._busy():  # a lock-step sampler waits for this version before it sends the next batch
                 self._checkpoint_and_release()
 
+    def _restart_recreated_partitions(self) -> None:
+        """Read a batch partition from its beginning when the offset the state stores lies beyond its
+        end: the topic was deleted and created again (a reinstall that kept the checkpoints, or a new
+        Kafka cluster). Seeking there would wait forever on a broker that answers such a fetch with
+        nothing (the embedded one) and fall back to auto.offset.reset on Apache Kafka; either way it
+        is told here, counted and logged. A false alarm (the embedded broker can report an end that is
+        too low) only costs a re-read: trained batches are skipped by their sequence."""
+        stored = self.trainer.state.offsets
+        if not stored:
+            return
+        bounds = self._client.offset_bounds(list(stored), OFFSET_QUERY_TIMEOUT_S)
+        for tp, start in offsets_beyond_end(stored, bounds).items():
+            end = bounds.get(tp, (0, 0))[1]
+            log.warning(
+                "stored input offset %d of %s/%d is beyond the end of the partition (%d): the batch "
+                "topic was re-created; reading it from offset %d, batches up to sequence %d are skipped "
+                "as trained",
+                stored[tp],
+                tp[0],
+                tp[1],
+                end,
+                start,
+                self.trainer.state.next_sequence - 1,
+            )
+            self.metrics.input_offsets_reset.inc()
+            self.trainer.restart_offset(tp, start)
+
     def on_assign(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
         """Start every partition at the offset the weights in memory reflect (the checkpoint's on start)."""
         self.health.set("partitions_assigned", True)
@@ -308,6 +352,9 @@ class TrainerService:
             batch_id=str(manifest.meta.get("batch_id", "")),
             epoch=self.lease.epoch if self.lease is not None else 0,
         )
+        sequence = int(manifest.meta.get("sequence", -1))
+        if sequence >= 0:  # the sampler numbers its next batch after it (sapo.node.trained)
+            update.sequence = sequence
         report = self._last_report
         if report is not None and report.version == manifest.version:
             update.metrics.CopyFrom(step_metrics(report))

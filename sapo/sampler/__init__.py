@@ -17,7 +17,7 @@ out. Module map:
 
 from sapo.sampler.assembler import Assembler, Assembly, AssemblyConfig, Discard, RoundMode, make_assembler
 from sapo.sampler.batch import History, HistoryBuilder, batch_id, build_batch
-from sapo.sampler.core import FRESH_REASONS, SamplerCore
+from sapo.sampler.core import FRESH_REASONS, SamplerCore, next_sequence_of
 from sapo.sampler.pool import Entry, Pool
 from sapo.sampler.screen import (
     ORIGINS,
@@ -63,6 +63,7 @@ __all__ = [
     "build_batch",
     "header_reason",
     "make_assembler",
+    "next_sequence_of",
     "parse",
     "pick_external",
     "plan",

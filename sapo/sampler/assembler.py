@@ -147,6 +147,10 @@ class Assembler(ABC, Generic[H]):
         """Drop entries without finishing them (their partition was revoked: another owner re-reads)."""
         return self.pool.take_where(lambda e: e.group_id in group_ids)
 
+    def skip_to_round(self, round_: int) -> None:
+        """Rounds before `round_` were trained (the trainer announced version `round_`): lock-step
+        never waits for them. The streaming modes have no rounds to skip."""
+
     def _checked(self, entry: Entry[H]) -> Entry[H] | None:
         """A picked entry in its verified form (replaced in the pool), or None when verification
         rejects it (then it is out of the pool and queued as a discard)."""
@@ -270,6 +274,20 @@ class LockstepAssembler(Assembler[H]):
 
     def _in_window(self, round_: int) -> bool:
         return self.next_round <= round_ < self.next_round + LOCKSTEP_WINDOW
+
+    def skip_to_round(self, round_: int) -> None:
+        if round_ <= self.next_round:
+            return
+        log.warning(
+            "lock-step: rounds %d..%d were trained already; continuing at %d",
+            self.next_round,
+            round_ - 1,
+            round_,
+        )
+        self.next_round = round_
+        self._rounds = {r: s for r, s in self._rounds.items() if r >= round_}
+        late = self.pool.take_where(lambda e: e.scored.round < round_)
+        self._discards.extend(Discard(e, "late_round") for e in late)
 
     def arrived(self, group: rollout_pb2.RolloutGroup, origin: Origin, now_s: float) -> None:
         if not self._in_window(group.round):

@@ -7,6 +7,9 @@ so the node's rounds and versions stay aligned with the swarm's.
 
 `History` is folded from the node's own batch topic on start: the next sequence and round, and every
 group id already trained on, so a restart neither repeats a batch id nor puts a group in two batches.
+The trainer's announcements (the node's policy topic) are folded in too: when the batch topic lost its
+history while the checkpoints stayed, they say where the trainer expects the sequence to go on
+(`sapo.sampler.core`).
 """
 
 from __future__ import annotations
@@ -90,6 +93,10 @@ class History:
     next_round: int = 0
     used_group_ids: tuple[str, ...] = ()
     batches: int = 0
+    trainer_next_sequence: int = 0
+    """The lowest sequence the trainer's announcements say it accepts next (0: none read)."""
+    trainer_version: int = 0
+    """The newest version the trainer announced (0: none read)."""
 
 
 class HistoryBuilder:
@@ -101,6 +108,7 @@ class HistoryBuilder:
         self._next_round = 0
         self._used: dict[str, None] = {}
         self._batches = 0
+        self._trainer = (0, 0)
 
     def add(self, batch: batch_pb2.TrainingBatch) -> None:
         if batch.node_id != self._node_id:
@@ -112,6 +120,10 @@ class HistoryBuilder:
         for bg in batch.groups:
             self._used[bg.group.group_id] = None
 
+    def trained(self, next_sequence: int, version: int) -> None:
+        """The trainer announced `version` and accepts sequences from `next_sequence` on."""
+        self._trainer = (max(self._trainer[0], next_sequence), max(self._trainer[1], version))
+
     def add_undecodable(self, key: bytes | None) -> None:
         """A batch we cannot read still holds its sequence: never reuse it (its groups may be reused;
         a corrupt batch in our own topic is logged loudly)."""
@@ -121,4 +133,6 @@ class HistoryBuilder:
             self._next_sequence = max(self._next_sequence, sequence + 1)
 
     def history(self) -> History:
-        return History(self._next_sequence, self._next_round, tuple(self._used), self._batches)
+        return History(
+            self._next_sequence, self._next_round, tuple(self._used), self._batches, *self._trainer
+        )

@@ -6,8 +6,21 @@ this class, so the two admit, pool and batch groups identically. `H` is whatever
 with each pooled group: the service's consumed record (to finish its offset), or nothing.
 
 Batch numbering: `sequence` is the next batch's sequence, continued from the `History` a restart
-recovers. It advances only when the caller says the batch is out (`emitted`), so a batch that failed to
-publish is built again with the same id.
+recovers. It advances when the caller says the batch is out (`emitted`), so a batch that failed to
+publish is built again with the same id, and it jumps forward to what the node's trainer has trained
+(`follow_trainer`) when that is further: a node reinstalled with its checkpoints but not its topics
+has an empty batch topic and would otherwise number from 0 while its trainer skips every batch below
+the sequence it expects. Two sources say how far the trainer got, each enough alone:
+
+- its announcements on the node's policy topic (`next_sequence_of`: the sequence it trained last + 1,
+  or the version, a lower bound, from a trainer that does not say);
+- every local group, sampled with a policy version p the trainer announced, which it could only do
+  after training p batches, so its next sequence is at least p. Local groups exist only once the
+  trainer has planned their round right after an announcement (`sapo.node.planner`), so they close
+  the gap between the sampler starting and reading the announcement.
+
+In a node whose batch topic is intact both are no-ops: the trainer only trained what this sampler
+numbered. Lock-step rounds follow the announced version the same way (`Assembler.skip_to_round`).
 """
 
 from __future__ import annotations
@@ -21,7 +34,7 @@ from sapo.sampler.assembler import Assembler, Assembly, AssemblyConfig, Discard,
 from sapo.sampler.batch import History, Position, build_batch
 from sapo.sampler.screen import Origin, Scored, Screen, ScreenConfig
 from sapo.sampler.seen import SeenGroups
-from sapo.v1 import batch_pb2, rollout_pb2
+from sapo.v1 import batch_pb2, policy_pb2, rollout_pb2
 from sapo.wire import validate_batch
 
 H = TypeVar("H")
@@ -29,6 +42,11 @@ H = TypeVar("H")
 FRESH_REASONS: Final = frozenset({"no_signal", "too_few_completions"})
 """Verdicts on a fresh group's content (as opposed to duplicates, stale or foreign groups): the
 streaming modes count such groups as a round's work done."""
+
+
+def next_sequence_of(update: policy_pb2.PolicyUpdate) -> int:
+    """The lowest batch sequence the trainer that announced `update` accepts next (module docstring)."""
+    return update.sequence + 1 if update.HasField("sequence") else update.version
 
 
 class SamplerCore(Generic[H]):
@@ -40,6 +58,7 @@ class SamplerCore(Generic[H]):
         seen = SeenGroups(screen.dedupe_capacity, history.used_group_ids)
         self.screen = Screen(screen, seen, on_arrival=self._arrived)
         self.assembler: Assembler[H] = make_assembler(assembly, history.next_round, self.screen.verify)
+        self.follow_trainer(history.trainer_next_sequence, history.trainer_version)
 
     def admit(
         self, group: rollout_pb2.RolloutGroup, origin: Origin, handle: H, now_s: float, sender: Sender
@@ -47,6 +66,8 @@ class SamplerCore(Generic[H]):
         """Screen and pool one decoded group sent by `sender` (`sapo.sampler.sender`); the reason it
         was not pooled, or None when it was. Raises `InvalidMessageError` for a malformed or
         unverifiable group, or one that is not its sender's (the caller dead-letters it)."""
+        if origin == "local" and group.node_id == self.node_id:  # announced first: module docstring
+            self.follow_trainer(group.policy_version, group.policy_version)
         verdict = self.screen.check(group, origin, now_s, self.sequence, sender)
         if isinstance(verdict, Scored) or verdict in FRESH_REASONS:
             self.assembler.screened(origin)
@@ -77,6 +98,16 @@ class SamplerCore(Generic[H]):
         if problem is not None:  # a bug here, never bad input: refuse to hand the trainer garbage
             raise RuntimeError(f"assembled an invalid batch {batch.batch_id}: {problem}")
         return batch
+
+    def follow_trainer(self, next_sequence: int, version: int) -> int | None:
+        """The trainer accepts sequences from `next_sequence` on and announced `version`: number the
+        next batch no lower, and (lock-step) skip rounds before `version`. Returns the sequence it
+        moved from, or None when it did not move."""
+        self.assembler.skip_to_round(version)
+        if next_sequence <= self.sequence:
+            return None
+        previous, self.sequence = self.sequence, next_sequence
+        return previous
 
     def emitted(self) -> None:
         """The batch numbered `sequence` is out: number the next one."""

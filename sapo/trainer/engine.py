@@ -150,6 +150,11 @@ class Trainer:
         """Record that input up to `next_offset` of `tp` is reflected in the weights."""
         self.state.offsets[tp] = max(next_offset, self.state.offsets.get(tp, 0))
 
+    def restart_offset(self, tp: TopicPartition, offset: int) -> None:
+        """Read `tp` again from `offset`: its stored offset belongs to a topic that no longer exists
+        (`note_offset` only ever moves forward). The ledger and sequence make the replay harmless."""
+        self.state.offsets[tp] = offset
+
     def publish(self) -> Published:
         """Store the current weights as policy version `version` (weights only). A version replayed
         after a resume is verified against the stored one; should they differ, the stored weights are

@@ -35,7 +35,7 @@ class StepMetrics(_message.Message):
     def __init__(self, loss: _Optional[float] = ..., reward_mean: _Optional[float] = ..., local_reward_mean: _Optional[float] = ..., clip_fraction_low: _Optional[float] = ..., clip_fraction_high: _Optional[float] = ..., grad_norm: _Optional[float] = ..., entropy: _Optional[float] = ..., completion_tokens: _Optional[int] = ..., step_seconds: _Optional[float] = ..., local_completions: _Optional[int] = ..., external_completions: _Optional[int] = ...) -> None: ...
 
 class PolicyUpdate(_message.Message):
-    __slots__ = ("schema_version", "node_id", "version", "manifest_uri", "manifest_sha256", "created_at", "metrics", "batch_id", "epoch")
+    __slots__ = ("schema_version", "node_id", "version", "manifest_uri", "manifest_sha256", "created_at", "metrics", "batch_id", "epoch", "sequence")
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +45,7 @@ class PolicyUpdate(_message.Message):
     METRICS_FIELD_NUMBER: _ClassVar[int]
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     schema_version: int
     node_id: str
     version: int
@@ -54,4 +55,5 @@ class PolicyUpdate(_message.Message):
     metrics: StepMetrics
     batch_id: str
     epoch: int
-    def __init__(self, schema_version: _Optional[int] = ..., node_id: _Optional[str] = ..., version: _Optional[int] = ..., manifest_uri: _Optional[str] = ..., manifest_sha256: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., metrics: _Optional[_Union[StepMetrics, _Mapping]] = ..., batch_id: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+    sequence: int
+    def __init__(self, schema_version: _Optional[int] = ..., node_id: _Optional[str] = ..., version: _Optional[int] = ..., manifest_uri: _Optional[str] = ..., manifest_sha256: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., metrics: _Optional[_Union[StepMetrics, _Mapping]] = ..., batch_id: _Optional[str] = ..., epoch: _Optional[int] = ..., sequence: _Optional[int] = ...) -> None: ...

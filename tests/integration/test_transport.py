@@ -16,7 +16,7 @@ from sapo.kafka import Disposition, KafkaPublisher, Record
 from sapo.ops import Health, OpsServer
 from sapo.v1 import rollout_pb2
 from tests.factories import make_group
-from tests.integration.kafka_helpers import create_topics, make_loop
+from tests.integration.kafka_helpers import consumer, create_topics, make_loop
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -135,3 +135,21 @@ def test_consumer_killed_before_commit_redelivers_and_idempotency_absorbs_it(
     assert delivered_ids.count(groups[2].group_id) == 2
     applied = [d["group_id"] for d in deliveries if d["applied"]]
     assert applied == [g.group_id for g in groups]
+
+
+def test_offset_bounds_answer_for_known_partitions_and_leave_unknown_ones_out(
+    kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """What the trainer checks its stored offsets against at start (sapo.node.trainer): one record per
+    produce request, as batches are sent, so the embedded broker's end offset is exact too."""
+    topic = f"{topic_prefix}.batches"
+    create_topics(kafka_bootstrap, topic)
+    pub = KafkaPublisher({"bootstrap.servers": kafka_bootstrap})
+    for i in range(3):
+        pub.send_sync(topic, b"k", b"%d" % i)
+    client = consumer(kafka_bootstrap, f"{topic_prefix}.bounds")  # never subscribed: no group join
+    try:
+        bounds = client.offset_bounds([(topic, 0), (f"{topic_prefix}.absent", 0)], timeout_s=10)
+    finally:
+        client.close()
+    assert bounds == {(topic, 0): (0, 3)}

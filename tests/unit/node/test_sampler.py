@@ -23,7 +23,7 @@ from sapo.node.sampler import SamplerService
 from sapo.ops import Health
 from sapo.sampler.settings import SamplerSettings
 from sapo.topics import TopicNames
-from sapo.v1 import batch_pb2, rollout_pb2
+from sapo.v1 import batch_pb2, policy_pb2, rollout_pb2
 from sapo.wire import validate_batch
 from tests.unit.sampler.builders import encoded, questions, real_group
 
@@ -69,6 +69,7 @@ class Node:
             timeout_s=5.0,
             stop=stop,
             beat=lambda: None,
+            policy_topic=TOPICS.policy,
         )
         assert history is not None
         self.registry = CollectorRegistry()
@@ -103,7 +104,10 @@ class Node:
             stop=stop,
             dead_letters=DeadLetters(publisher, TOPICS.dlq, "sampler", transport),
             identity=identity,
+            trainer_client=MemoryConsumerClient(self.bus, f"policy-{id(self)}-{len(self.bus.topics)}"),
         )
+        assert core.trainer is not None
+        core.trainer.open()
         core.local.open()
         core.swarm.open()
         return core
@@ -314,3 +318,68 @@ def test_lockstep_counts_only_verified_arrivals_and_follows_a_key_rotation() -> 
     assert [b.round for b in node.batches()] == [0, 1]
     assert node.batches()[1].groups[-1].group.node_id == "peer-1"
     assert node.registry.get_sample_value("sapo_sampler_key_announcements_total", {"result": "rotated"}) == 1
+
+
+def announce(bus: MemoryBus, version: int, sequence: int | None, *, epoch: int = 0, node: str = NODE) -> None:
+    """A trainer's PolicyUpdate on the node's policy topic (the sampler reads no weights from it)."""
+    update = policy_pb2.PolicyUpdate(
+        schema_version=1,
+        node_id=node,
+        version=version,
+        manifest_uri=f"file:///checkpoints/{node}/v{version}/manifest.json",
+        manifest_sha256="0" * 64,
+        epoch=epoch,
+    )
+    if sequence is not None:
+        update.sequence = sequence
+    bus.append(TOPICS.policy, node.encode(), update.SerializeToString(), [])
+
+
+def test_a_reinstalled_node_numbers_its_batches_after_what_its_trainer_trained() -> None:
+    """Kept checkpoints, new topics: the batch topic is empty, the trainer announced version 5 (last
+    trained sequence 4). The sampler's next batch is 5, not 0 (which the trainer would skip), and
+    announcements made later move it on; foreign and fenced ones do not."""
+    bus = MemoryBus()
+    announce(bus, 5, 4, epoch=1)
+    node = Node(bus, round_mode="async", local_groups=1, external_groups=0)
+    assert node.service.sequence == 5  # from recovery, before anything was consumed
+    publish(bus, TOPICS.rollouts, real_group(RECORDS[0], NODE, policy_version=5))
+    node.drain()
+    assert [b.batch_id for b in node.batches()] == [f"{NODE}/5"]
+
+    announce(bus, 7, 9, epoch=1)  # two sequences lost upstream: the trainer expects 10
+    announce(bus, 50, 49, node="node-x")  # not this node's trainer
+    announce(bus, 60, 59, epoch=0)  # a trainer fenced out by epoch 1
+    bus.append(TOPICS.policy, NODE.encode(), b"\xff\xff", [])
+    publish(bus, TOPICS.rollouts, real_group(RECORDS[1], NODE, policy_version=6))
+    node.drain()
+    assert [b.batch_id for b in node.batches()] == [f"{NODE}/5", f"{NODE}/10"]
+    sample = node.registry.get_sample_value
+    assert sample("sapo_sampler_sequence_jumps_total") == 2
+    assert sample("sapo_sampler_messages_rejected_total", {"reason": "foreign_node"}) == 1
+    assert sample("sapo_sampler_messages_rejected_total", {"reason": "undecodable"}) == 1
+    assert TOPICS.dlq not in bus.topics  # the generators dead-letter bad updates, not the sampler
+
+
+def test_an_own_group_sampled_with_version_v_numbers_the_next_batch_at_least_v() -> None:
+    """No announcement read yet (it is on its way): the group's policy version is enough."""
+    bus = MemoryBus()
+    node = Node(bus, round_mode="async", local_groups=1, external_groups=0)
+    assert node.service.sequence == 0
+    publish(bus, TOPICS.rollouts, real_group(RECORDS[0], NODE, policy_version=3))
+    node.drain()
+    assert [b.batch_id for b in node.batches()] == [f"{NODE}/3"]
+    assert node.registry.get_sample_value("sapo_sampler_sequence_jumps_total") == 1
+
+
+def test_an_intact_batch_topic_is_not_overridden_by_older_announcements() -> None:
+    """The usual restart: batches 0..2 emitted, the trainer announced up to sequence 1."""
+    bus = MemoryBus()
+    node = Node(bus, round_mode="async", local_groups=1, external_groups=0)
+    for index in range(3):
+        publish(bus, TOPICS.rollouts, real_group(RECORDS[index], NODE, policy_version=index))
+        node.drain()
+    announce(bus, 2, 1)
+    node.restart()
+    assert node.service.sequence == 3
+    assert node.registry.get_sample_value("sapo_sampler_sequence_jumps_total") == 0

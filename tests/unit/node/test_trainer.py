@@ -16,7 +16,7 @@ from sapo.kafka.memory import MemoryBus, MemoryConsumerClient, MemoryPublisher
 from sapo.lifecycle import StopFlag
 from sapo.node.build import build_trainer
 from sapo.node.metrics import TrainerMetrics
-from sapo.node.trainer import TrainerService
+from sapo.node.trainer import TrainerService, offsets_beyond_end
 from sapo.ops import Health
 from sapo.topics import TopicNames
 from sapo.trainer.settings import TrainerSettings
@@ -123,6 +123,45 @@ def test_restart_resumes_at_the_checkpoint_offsets_and_skips_replayed_batches(
     assert registry.get_sample_value("sapo_trainer_batches_total", {"outcome": "duplicate"}) == 1
     assert registry.get_sample_value("sapo_trainer_batches_total", {"outcome": "trained"}) == 1
     assert [u.version for u in _updates(bus)] == [0, 1, 1, 2]  # a restart re-announces what it has
+    assert registry.get_sample_value("sapo_trainer_input_offsets_reset_total") == 0  # the same topic
+
+
+def test_a_batch_topic_re_created_under_kept_checkpoints_is_read_from_its_beginning(tmp_path: Path) -> None:
+    """A reinstall: the checkpoints stayed, the topics are new. The stored offset (3) lies beyond the
+    new topic's end: the trainer reads it from the start, so the sampler's next batch (sequence 3, at
+    offset 0) is trained; the memory client, like the embedded broker, would wait forever at 3."""
+    bus = MemoryBus()
+    for seq in range(3):
+        _publish(bus, b.training_batch(seq, []))
+    service, _ = _service(bus, tmp_path)
+    service.start()
+    service.run(idle_timeout_s=0.0)  # stops with a full state at version 3, offset 3
+    updates = _updates(bus)
+    assert [(u.version, u.sequence if u.HasField("sequence") else None) for u in updates] == [
+        (0, None),
+        (1, 0),
+        (2, 1),
+        (3, 2),
+    ]
+
+    fresh = MemoryBus()  # new topics, no committed offsets
+    restarted, registry = _service(fresh, tmp_path)
+    restarted.start()
+    assert restarted.trainer.state.offsets == {(TOPICS.batches, 0): 0}
+    assert registry.get_sample_value("sapo_trainer_input_offsets_reset_total") == 1
+    ((announced),) = [(u.version, u.sequence) for u in _updates(fresh)]
+    assert announced == (3, 2)  # the sampler numbers its next batch 3 (sapo.node.trained)
+    _publish(fresh, b.training_batch(3, []))
+    restarted.run(idle_timeout_s=0.0)
+    assert restarted.trainer.version == 4
+    assert registry.get_sample_value("sapo_trainer_batches_total", {"outcome": "duplicate"}) == 0
+    assert fresh.committed[("node-a.trainer", (TOPICS.batches, 0))] == 1
+
+
+def test_only_offsets_beyond_a_partitions_end_restart_at_its_first_offset() -> None:
+    stored = {("b", 0): 5, ("b", 1): 5, ("b", 2): 5, ("gone", 0): 1, ("gone", 1): 0}
+    bounds = {("b", 0): (0, 5), ("b", 1): (2, 4), ("b", 2): (0, 9)}
+    assert offsets_beyond_end(stored, bounds) == {("b", 1): 2, ("gone", 0): 0}
 
 
 def test_weights_are_published_every_k_and_offsets_committed_only_with_the_full_state(tmp_path: Path) -> None:

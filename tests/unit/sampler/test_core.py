@@ -9,9 +9,9 @@ import pytest
 from sapo import wire
 from sapo.identity import Sender
 from sapo.node.build import build_sampler_core
-from sapo.sampler import History, Origin, SamplerCore
+from sapo.sampler import History, Origin, SamplerCore, next_sequence_of
 from sapo.sampler.settings import SamplerSettings
-from sapo.v1 import batch_pb2, rollout_pb2
+from sapo.v1 import batch_pb2, policy_pb2, rollout_pb2
 from sapo.wire import InvalidMessageError
 from tests.unit.sampler.builders import questions, real_group
 
@@ -118,3 +118,53 @@ def test_the_reference_baseline_trains_on_own_zero_advantage_groups(keep: bool, 
     sources = [bg.source for bg in batch.groups]
     assert sources.count(batch_pb2.GROUP_SOURCE_LOCAL) == local_groups
     assert sources.count(batch_pb2.GROUP_SOURCE_EXTERNAL) == 1
+
+
+# --- following the trainer: a batch topic that lost its history (a reinstall with the checkpoints kept)
+
+
+def test_an_empty_history_with_a_trainer_announcement_numbers_after_what_was_trained() -> None:
+    """Lock-step, the trainer at version 40 expects sequence 40: the node's round-40 groups are not
+    refused as `future_round` (40 rounds past an empty history's round 0) and make batch 40."""
+    core = _core(History(trainer_next_sequence=40, trainer_version=40), external_groups=0, expected_peers=0)
+    assert core.sequence == 40
+    now = time.time()
+    for index, record in enumerate(RECORDS[:2]):
+        group = real_group(record, NODE, round_=40, policy_version=40)
+        assert admit(core, group, "local", f"l{index}", now) is None
+    assembly = core.next_batch(now)
+    assert assembly is not None
+    batch = core.build(assembly, [], wire.now_timestamp())
+    assert (batch.batch_id, batch.round, batch.target_policy_version) == (f"{NODE}/40", 40, 40)
+
+
+def test_an_own_groups_policy_version_is_a_floor_for_the_next_sequence() -> None:
+    """The trainer announced version 9 before the group was sampled with it, so it trained 9 batches:
+    even before its announcement is read, the next batch is not numbered below 9."""
+    core = _core(round_mode="async", local_groups=1, external_groups=0)
+    now = time.time()
+    assert admit(core, real_group(RECORDS[0], "peer-1", policy_version=30), "external", "e", now) is None
+    assert core.sequence == 0  # a peer's version says nothing about our trainer
+    assert admit(core, real_group(RECORDS[1], NODE, policy_version=9), "local", "l", now) is None
+    assert core.sequence == 9
+    admit(core, real_group(RECORDS[2], NODE, policy_version=4), "local", "m", now)  # "stale"
+    assert core.sequence == 9  # never back
+
+
+def test_the_trainers_announcement_moves_the_sequence_and_lockstep_round_forward_only() -> None:
+    core = _core(History(next_sequence=3, next_round=3))
+    now = time.time()
+    old = real_group(RECORDS[0], NODE, round_=3, policy_version=3)
+    assert admit(core, old, "local", "old", now) is None
+    assert core.follow_trainer(12, 11) == 3  # it trained up to sequence 11 (a gap: version 11)
+    assert core.sequence == 12
+    assert [(d.entry.handle, d.reason) for d in core.take_discards()] == [("old", "late_round")]
+    assert core.follow_trainer(5, 5) is None
+    assert core.sequence == 12
+
+
+def test_next_sequence_of_an_announcement() -> None:
+    update = policy_pb2.PolicyUpdate(node_id=NODE, version=7, sequence=9)  # after gaps: 9 > 7 - 1
+    assert next_sequence_of(update) == 10
+    assert next_sequence_of(policy_pb2.PolicyUpdate(node_id=NODE, version=7)) == 7  # no field: a floor
+    assert next_sequence_of(policy_pb2.PolicyUpdate(node_id=NODE, version=0)) == 0
