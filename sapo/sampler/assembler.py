@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final, Generic, TypeVar
 
+from sapo.sampler.fairness import Admission
 from sapo.sampler.pool import Entry, Pool
 from sapo.sampler.screen import Origin, Scored
 from sapo.sampler.selection import Mix, SelectionPolicy, pick_external, plan, usable_external
@@ -129,6 +130,8 @@ class Assembler(ABC, Generic[H]):
         """Pool a screened group; returns a refusal reason instead when the mode cannot use it."""
         if not scored.verified and self._verify is None:
             raise ValueError(f"unverified group {scored.group_id}: this assembler was given no verify")
+        if self.pool.admission(scored.origin, scored.peer) is Admission.REFUSE:
+            return "pool_full"
         evicted = self.pool.add(Entry(scored, handle, now_s))
         if evicted is not None:
             self._discards.append(Discard(evicted, "evicted"))

@@ -1,4 +1,6 @@
-"""Accepted groups waiting for a batch: per origin, in arrival order, bounded.
+"""Accepted groups waiting for a batch: per origin, in arrival order, bounded, shared fairly between
+peers (`sapo.sampler.fairness`; the node's own groups are an origin of their own, so the swarm never
+evicts them).
 
 Each entry carries an opaque `handle` (the consumed record, in the service) so that whoever takes an
 entry out, into a batch or into the bin, can finish its input offset. The pool never finishes
@@ -7,11 +9,12 @@ anything itself.
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from sapo.sampler.fairness import Admission, admission
 from sapo.sampler.screen import ORIGINS, Origin, Scored
 
 H = TypeVar("H")
@@ -30,43 +33,95 @@ class Entry(Generic[H]):
         return self.scored.group_id
 
 
+class _Shares:
+    """Groups per peer, and the largest holder, kept up to date in constant time per change."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self._holders: dict[int, dict[str, None]] = {}  # count -> peers holding that many, in order
+        self.largest = 0
+
+    def _move(self, peer: str, old: int, new: int) -> None:
+        if old:
+            holders = self._holders[old]
+            del holders[peer]
+            if not holders:
+                del self._holders[old]
+        if new:
+            self.counts[peer] = new
+            self._holders.setdefault(new, {})[peer] = None
+        else:
+            del self.counts[peer]
+        if new > self.largest:
+            self.largest = new
+        elif old == self.largest and old not in self._holders:
+            self.largest = new  # counts move by one, so the peer that just left `old` is the new max
+
+    def add(self, peer: str) -> None:
+        count = self.counts.get(peer, 0)
+        self._move(peer, count, count + 1)
+
+    def remove(self, peer: str) -> None:
+        count = self.counts[peer]
+        self._move(peer, count, count - 1)
+
+    def a_largest(self) -> str:
+        """The peer that reached the largest count first."""
+        return next(iter(self._holders[self.largest]))
+
+
 class Pool(Generic[H]):
-    """Groups by origin in arrival order; adding beyond `max_per_origin` evicts that origin's oldest."""
+    """Groups by origin in arrival order, at most `max_per_origin` per origin, shared fairly between
+    peers (`sapo.sampler.fairness`): a full origin admits a group only in place of another."""
 
     def __init__(self, max_per_origin: int) -> None:
         if max_per_origin < 1:
             raise ValueError(f"max_per_origin must be >= 1, got {max_per_origin}")
         self._max = max_per_origin
         self._entries: dict[Origin, OrderedDict[str, Entry[H]]] = {o: OrderedDict() for o in ORIGINS}
-        self._per_peer: Counter[str] = Counter()
+        self._by_peer: dict[Origin, dict[str, OrderedDict[str, Entry[H]]]] = {o: {} for o in ORIGINS}
+        self._shares: dict[Origin, _Shares] = {o: _Shares() for o in ORIGINS}
+
+    def admission(self, origin: Origin, peer: str) -> Admission:
+        """What adding a group of `peer` would do now (`sapo.sampler.fairness.admission`)."""
+        shares = self._shares[origin]
+        total = len(self._entries[origin])
+        return admission(shares.counts.get(peer, 0), shares.largest, total, self._max)
 
     def add(self, entry: Entry[H]) -> Entry[H] | None:
-        """Pool the entry; returns the entry evicted to make room, if any."""
-        entries = self._entries[entry.scored.origin]
-        entries[entry.group_id] = entry
-        if entry.scored.origin == "external":
-            self._per_peer[entry.scored.peer] += 1
-        if len(entries) > self._max:
-            oldest = next(iter(entries.values()))
-            self.remove([oldest])
-            return oldest
-        return None
+        """Pool the entry, in place of the group fairness evicts for it (returned); the caller checks
+        `admission` first: a refused entry raises ValueError."""
+        origin, peer = entry.scored.origin, entry.scored.peer
+        verdict = self.admission(origin, peer)
+        evicted = None
+        if verdict is Admission.REFUSE:
+            raise ValueError(f"group {entry.group_id} of {peer} has no place in the full {origin} pool")
+        if verdict is not Admission.ROOM:
+            victim = peer if verdict is Admission.REPLACE_OWN else self._shares[origin].a_largest()
+            evicted = next(iter(self._by_peer[origin][victim].values()))
+            self.remove([evicted])
+        self._entries[origin][entry.group_id] = entry
+        self._by_peer[origin].setdefault(peer, OrderedDict())[entry.group_id] = entry
+        self._shares[origin].add(peer)
+        return evicted
 
     def remove(self, entries: Iterable[Entry[H]]) -> None:
         for entry in entries:
-            if self._entries[entry.scored.origin].pop(entry.group_id, None) is None:
+            origin, peer = entry.scored.origin, entry.scored.peer
+            if self._entries[origin].pop(entry.group_id, None) is None:
                 continue
-            if entry.scored.origin == "external":
-                peer = entry.scored.peer
-                self._per_peer[peer] -= 1
-                if self._per_peer[peer] == 0:
-                    del self._per_peer[peer]
+            own = self._by_peer[origin][peer]
+            del own[entry.group_id]
+            if not own:
+                del self._by_peer[origin][peer]
+            self._shares[origin].remove(peer)
 
     def replace(self, entry: Entry[H]) -> None:
         """Swap a pooled entry for another of the same group (its verified form), in its place."""
-        entries = self._entries[entry.scored.origin]
-        if entry.group_id in entries:
-            entries[entry.group_id] = entry
+        origin = entry.scored.origin
+        if entry.group_id in self._entries[origin]:
+            self._entries[origin][entry.group_id] = entry
+            self._by_peer[origin][entry.scored.peer][entry.group_id] = entry
 
     def take_where(self, keep_out: Callable[[Entry[H]], bool]) -> list[Entry[H]]:
         """Remove and return every entry for which `keep_out` is true."""
@@ -91,4 +146,4 @@ class Pool(Generic[H]):
 
     def peer_counts(self) -> Iterable[int]:
         """How many external groups each peer has in the pool."""
-        return self._per_peer.values()
+        return self._shares["external"].counts.values()

@@ -110,7 +110,7 @@ SCREEN_REASONS: Final = (
     "no_signal",
     "no_signal_claimed",
 )
-POOL_REASONS: Final = ("late_round", "future_round", "expired", "evicted", "unused")
+POOL_REASONS: Final = ("late_round", "future_round", "pool_full", "expired", "evicted", "unused")
 REASONS: Final[tuple[str, ...]] = tuple(
     dict.fromkeys((*HEADER_REASONS, *IDENTITY_REASONS, *MALFORMED_REASONS, *SCREEN_REASONS, *POOL_REASONS))
 )

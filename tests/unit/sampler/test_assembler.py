@@ -97,12 +97,21 @@ def test_streaming_expires_old_external_and_stale_local_groups() -> None:
     assert assembler.pool.count("local") == 1
 
 
-def test_pool_bound_evicts_the_oldest() -> None:
-    assembler: Assembler[str] = make_assembler(_config(RoundMode.ASYNC, max_pool_groups=2))
+def test_a_full_pool_is_shared_fairly_between_peers_and_never_takes_local_places() -> None:
+    assembler: Assembler[str] = make_assembler(_config(RoundMode.ASYNC, max_pool_groups=4))
     feed = Feed(assembler)
-    for i in range(3):
-        feed.group("external", f"peer-{i}", T0)
-    assert [(d.entry.handle, d.reason) for d in assembler.take_discards()] == [("external-1", "evicted")]
+    for _ in range(4):  # a flooding peer fills the external pool
+        assert feed.group("external", "flood", T0) is None
+    assert feed.group("local", "node-0", T0) is None  # the node's own have places of their own
+    assert feed.group("external", "peer-1", T0) is None  # in place of the flood's oldest (external-1)
+    assert feed.group("external", "peer-2", T0) is None  # again (external-2)
+    assert feed.group("external", "peer-2", T0) == "pool_full"  # peer-2 would hold as many as the flood
+    assert feed.group("external", "flood", T0) is None  # the flood only displaces itself (external-3)
+    evicted = [(d.entry.handle, d.reason) for d in assembler.take_discards()]
+    assert evicted == [("external-1", "evicted"), ("external-2", "evicted"), ("external-3", "evicted")]
+    peers = Counter(e.scored.peer for e in assembler.pool.entries("external"))
+    assert peers == Counter({"flood": 2, "peer-1": 1, "peer-2": 1})
+    assert assembler.pool.count("local") == 1
 
 
 def _lockstep(**overrides: object) -> Feed:
