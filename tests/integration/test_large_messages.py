@@ -16,7 +16,7 @@ from confluent_kafka import Consumer, TopicPartition
 from sapo import wire
 from sapo.kafka import Disposition, Record
 from sapo.kafka.consumer import DEFAULT_MAX_PAYLOAD_BYTES
-from sapo.kafka.producer import DEFAULT_MAX_MESSAGE_BYTES
+from sapo.topics import DEFAULT_MAX_MESSAGE_BYTES
 from sapo.v1 import batch_pb2, rollout_pb2
 from tests.factories import make_group
 from tests.integration.kafka_helpers import create_topics, make_loop
