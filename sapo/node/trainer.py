@@ -23,6 +23,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from typing import Self
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -44,6 +45,7 @@ from sapo.node.build import build_trainer
 from sapo.node.lease import Lease, node_lease
 from sapo.node.metrics import TrainerMetrics
 from sapo.node.planner import WorkPlanner
+from sapo.node.quarantine import AttemptLog, is_poison, next_attempt
 from sapo.ops import Health
 from sapo.runtime import Runtime
 from sapo.topics import TopicNames
@@ -111,6 +113,8 @@ class TrainerService:
         self.metrics = metrics
         self.stop = stop
         self._client = client
+        self.dead_letters = dead_letters
+        self.attempts = AttemptLog(trainer.store.node_dir(settings.node_id), trainer.store.digest)
         self.loop = ConsumerLoop(
             client,
             [topics.batches],
@@ -229,7 +233,7 @@ class TrainerService:
             self.trainer.note_offset(record.tp, record.offset + 1)
             return Disposition.DONE
         with self._busy():
-            report = self.trainer.apply(batch)
+            report = self._step(record, batch)
             self.trainer.note_offset(record.tp, record.offset + 1)
             self._held.append(record)
             self._last_report = report
@@ -239,6 +243,31 @@ class TrainerService:
             if due or self.stop.is_set():
                 self._checkpoint_and_release()
         return Disposition.HELD
+
+    def _step(self, record: Record, batch: batch_pb2.TrainingBatch) -> StepReport:
+        """Train on the batch, or quarantine it when its step already failed `max_step_attempts` times
+        (`sapo.node.quarantine`). A failing step records its error and stops the service."""
+        previous = self.attempts.read()
+        if is_poison(previous, batch.batch_id, self.settings.max_step_attempts):
+            assert previous is not None
+            detail = f"{previous.attempts} attempts; last error: {previous.error or 'the process died'}"
+            log.error("batch %s quarantined as poison_batch: %s", batch.batch_id, detail)
+            if self.dead_letters is not None:
+                self.dead_letters.send(record, "poison_batch", detail)
+            self.metrics.batches.labels("quarantined").inc()
+            return self.trainer.skip(batch)
+        attempt = next_attempt(previous, batch.batch_id, int(batch.sequence))
+        if attempt is not None:
+            self.attempts.write(attempt)
+        try:
+            return self.trainer.apply(batch)
+        except Exception as exc:
+            if attempt is not None:
+                self.attempts.write(replace(attempt, error=f"{type(exc).__name__}: {exc}"))
+            log.exception(
+                "step of batch %s failed (attempt %s)", batch.batch_id, attempt and attempt.attempts
+            )
+            raise
 
     @contextlib.contextmanager
     def _busy(self) -> Iterator[None]:

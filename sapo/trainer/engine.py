@@ -146,6 +146,26 @@ class Trainer:
             seconds=time.perf_counter() - started,
         )
 
+    def skip(self, batch: batch_pb2.TrainingBatch) -> StepReport:
+        """Advance the version past a (non-duplicate) batch without training on it: a quarantined
+        batch still ends its round, so lock-step generators get the version they wait for."""
+        built = BuiltBatch()
+        built.skipped["quarantined"] = sum(len(g.group.completions) for g in batch.groups)
+        gap = int(batch.sequence) - self.state.next_sequence
+        self.state.version += 1
+        self.state.next_sequence = int(batch.sequence) + 1
+        self.state.ledger.append(LedgerEntry(self.state.version, batch.batch_id, int(batch.sequence), 0))
+        return StepReport(
+            version=self.state.version,
+            batch_id=batch.batch_id,
+            sequence=int(batch.sequence),
+            gap=gap,
+            built=built,
+            stats=None,
+            lr=self.lr,
+            seconds=0.0,
+        )
+
     def note_offset(self, tp: TopicPartition, next_offset: int) -> None:
         """Record that input up to `next_offset` of `tp` is reflected in the weights."""
         self.state.offsets[tp] = max(next_offset, self.state.offsets.get(tp, 0))

@@ -129,6 +129,13 @@ class TrainerSettings(ServiceSettings, ModelSettings, RoundSettings, PacingSetti
         description="Policy versions kept (plus the newest full state's); older ones are deleted after "
         "each write.",
     )
+    max_step_attempts: int = Field(
+        3,
+        ge=1,
+        le=100,
+        description="Attempts at one batch's step (counted across restarts) before the batch is "
+        "quarantined: dead-lettered as poison_batch and the version advanced without training it.",
+    )
     checkpoint_every: int = Field(
         1,
         ge=1,
