@@ -173,12 +173,18 @@ def serve(
     settings_class: type[S],
     build: Callable[[S, Runtime], Service | None],
     argv: Sequence[str] | None = None,
+    *,
+    preflight: Callable[[S], object] | None = None,
 ) -> int:
     """Run one service process; exit status 0 on a clean stop. `build` returns None when the process
     was stopped while starting (nothing was consumed). Bad configuration raises `ConfigError`, which
-    exits with the message saying what to set."""
+    exits with the message saying what to set. `preflight` checks what must be on this machine (a
+    model, a key) before any connection opens, so its message is the last thing the process prints
+    rather than racing a Kafka client's connection log."""
     parse_service_args(name, settings_class, argv)
     settings = load_settings(settings_class)
+    if preflight is not None:
+        preflight(settings)
     runtime = start_runtime(name, settings)
     try:
         service = build(settings, runtime)

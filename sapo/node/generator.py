@@ -48,6 +48,7 @@ from sapo.kafka import (
 )
 from sapo.kafka.records import TopicPartition
 from sapo.lifecycle import StopFlag
+from sapo.models import require_loadable
 from sapo.node.build import build_backend, model_shapes, round_source
 from sapo.node.metrics import GeneratorMetrics
 from sapo.node.policy import WEIGHTS_OK, PolicyFollower
@@ -116,15 +117,23 @@ class GeneratorService:
         self.generated = 0
         """Groups generated and acknowledged by the broker since start."""
 
+    @staticmethod
+    def preflight(settings: GeneratorSettings) -> HeaderSigner | None:
+        """The node's signing key and its model, checked before anything slow or connected: either
+        missing fails at start saying what to set."""
+        try:
+            signer = settings.identity.signer()
+        except IdentityError as exc:
+            raise ConfigError(f"SAPO_GENERATOR_IDENTITY: {exc}") from None
+        require_loadable(settings.model)
+        return signer
+
     @classmethod
     def from_runtime(cls, settings: GeneratorSettings, runtime: Runtime) -> Self:
         """Wire the service to the process's runtime: model, policy follower, publishers, metrics, health."""
         runtime.health.require(MODEL_LOADED, WEIGHTS_OK)
         runtime.health.set_max_silence(settings.liveness_timeout_s)
-        try:  # before the model loads: a missing key fails at once
-            signer = settings.identity.signer()
-        except IdentityError as exc:
-            raise ConfigError(f"SAPO_GENERATOR_IDENTITY: {exc}") from None
+        signer = cls.preflight(settings)
         backend = build_backend(settings)
         runtime.health.set(MODEL_LOADED, True)
         metrics = GeneratorMetrics(runtime.registry, [spec.name for spec in settings.task_profile()])

@@ -149,6 +149,12 @@ class TrainerService:
         health.require(*READY_CONDITIONS)
         health.set_max_silence(settings.step_max_silence_s)  # model loading and resume come first
 
+    @staticmethod
+    def preflight(settings: TrainerSettings) -> None:
+        """The model is on this machine: checked before any connection opens, so a missing one fails at
+        start with what to set."""
+        require_loadable(settings.model)
+
     @classmethod
     def from_runtime(cls, settings: TrainerSettings, runtime: Runtime) -> Self | None:
         """Take the node's trainer lease (a standby waits), load the model, resume (or write version 0)

@@ -8,7 +8,8 @@ from sapo.runtime import serve
 
 
 def main() -> int:
-    return serve("generator", GeneratorSettings, GeneratorService.from_runtime)
+    service = GeneratorService
+    return serve("generator", GeneratorSettings, service.from_runtime, preflight=service.preflight)
 
 
 if __name__ == "__main__":

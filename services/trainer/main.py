@@ -8,7 +8,7 @@ from sapo.trainer.settings import TrainerSettings
 
 
 def main() -> int:
-    return serve("trainer", TrainerSettings, TrainerService.from_runtime)
+    return serve("trainer", TrainerSettings, TrainerService.from_runtime, preflight=TrainerService.preflight)
 
 
 if __name__ == "__main__":
