@@ -15,6 +15,7 @@ expected peers, at most one group per peer, three questions per round):
 from __future__ import annotations
 
 import copy
+import json
 import math
 import time
 from collections.abc import Sequence
@@ -35,6 +36,7 @@ from sapo.conformance.results import Results
 from sapo.inspect.render import topic_label
 from sapo.kafka import Record
 from sapo.tasks import QuestionRecord
+from sapo.tasks.records import canonical_json, sha256_hex
 from sapo.v1 import batch_pb2, rollout_pb2
 from sapo.wire import H_NODE, H_SCHEMA, H_TASK, H_TYPE, SCHEMA_VERSION, rollout_headers
 
@@ -371,6 +373,11 @@ def _send_refused(run: _Run, batch0: batch_pb2.TrainingBatch) -> tuple[dict[str,
     run.records[eval_group.group_id] = eval_record
     send(eval_group, "group of an eval question")
     send(run.group(PEERS[0], round_=1, completed_s=time.time() - 30 * 86_400), "group completed 30 days ago")
+    foreign = run.group(PEERS[0], round_=1)
+    provenance = foreign.question.provenance  # self-consistent, but no accepted profile's configuration
+    provenance.config_json = canonical_json(json.loads(provenance.config_json) | {"kit_size": 10**9})
+    provenance.config_digest = sha256_hex(provenance.config_json)
+    send(foreign, "group of a dataset configuration the node does not accept")
     malformed = run.group(PEERS[0], round_=1)
     malformed.completions[0].finish_reason = rollout_pb2.FINISH_REASON_UNSPECIFIED
     send(malformed, "group with a completion lacking its finish reason", "missing_finish_reason")

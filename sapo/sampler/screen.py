@@ -7,8 +7,9 @@ Steps run cheapest first, so most of a large swarm's traffic is dropped before i
    (`sapo.sampler.sender`: the signature verified against the node's trust list, `sapo.identity`).
 2. `parse`: bounded decode and structural validation, including that the body agrees with the
    routing headers (`InvalidMessageError` -> dead letter).
-3. `Screen.check`: identity (the decoded group is the verified sender's and of an accepted task;
-   only then does lock-step count it as arrived), age
+3. `Screen.check`: identity (the decoded group is the verified sender's, of an accepted task and of
+   a dataset configuration the node accepts, by provenance digest: a peer cannot make the node
+   re-derive enormous or unknown datasets; only then does lock-step count it as arrived), age
    or staleness, dedupe by group id, the split claimed in provenance, then `Screen.verify`:
    re-derivation of question and answer from provenance (a mismatch raises `InvalidMessageError` ->
    dead letter), rewards recomputed by the local verifier (the sender's rewards never reach a
@@ -102,6 +103,7 @@ MALFORMED_REASONS: Final = (
     *REJECTION_REASONS,
 )
 SCREEN_REASONS: Final = (
+    "config_not_accepted",
     "too_old",
     "stale",
     "duplicate",
@@ -134,6 +136,7 @@ class ScreenConfig:
 
     node_id: str
     accepted_tasks: frozenset[str] | None  # None: every task verify_question can re-derive
+    accepted_configs: frozenset[str]  # config digests a peer's provenance may name
     max_payload_bytes: int
     max_external_age_s: float
     max_policy_lag: int
@@ -319,6 +322,8 @@ class Screen:
         accepted = self.cfg.accepted_tasks
         if accepted is not None and group.question.task not in accepted:
             return "task_not_accepted"
+        if origin == "external" and group.question.provenance.config_digest not in self.cfg.accepted_configs:
+            return "config_not_accepted"  # before any re-derivation: its cost stays bounded by our configs
         return None
 
     def _freshness_reason(

@@ -8,9 +8,10 @@ rule fails at start with what to set, e.g. `SAPO_SAMPLER_LOCAL_GROUPS=0` and
 
 from __future__ import annotations
 
+import re
 from typing import Self
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from sapo.grpo.advantages import AdvantageScale
@@ -24,6 +25,7 @@ from sapo.sampler import (
     VerifyMode,
 )
 from sapo.settings import LeaseSettings, RoundSettings, ServiceSettings
+from sapo.tasks import config_digests, load_profile
 from sapo.tasks.datasets import UNSAFE_VERIFIERS, is_known_dataset
 
 
@@ -95,6 +97,18 @@ class SamplerSettings(ServiceSettings, RoundSettings, LeaseSettings):
         None,
         description='Tasks this node trains on, as a JSON list (e.g. ["calendar_arithmetic"]); '
         "unset = every task it can re-derive and verify safely.",
+    )
+    accepted_profiles: tuple[str, ...] = Field(
+        ("easy", "paper"),
+        description="Task profiles whose dataset configurations this node re-derives, as a JSON list "
+        '(built-in names, `profile:task,...` subsets or profile file paths, e.g. ["easy"]). A peer\'s '
+        "group of any other configuration is refused (config_not_accepted) before anything is generated, "
+        "so nobody makes the sampler pay for enormous or unknown datasets.",
+    )
+    accepted_config_digests: frozenset[str] = Field(
+        frozenset(),
+        description="More dataset configurations to accept, by their provenance config_digest (64 hex "
+        "digits, as `sapo inspect` shows them), on top of ACCEPTED_PROFILES.",
     )
     max_external_age_s: float = Field(
         900.0, gt=0, le=30 * 86_400, description="External groups completed longer ago are refused."
@@ -192,10 +206,38 @@ class SamplerSettings(ServiceSettings, RoundSettings, LeaseSettings):
                 )
         return self
 
+    @field_validator("accepted_profiles")
+    @classmethod
+    def _check_profiles(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:
+            raise ValueError('SAPO_SAMPLER_ACCEPTED_PROFILES is empty: list a profile, e.g. ["easy"]')
+        for name in value:
+            load_profile(name)  # a ProfileError says which names and files exist
+        return value
+
+    @field_validator("accepted_config_digests")
+    @classmethod
+    def _check_digests(cls, value: frozenset[str]) -> frozenset[str]:
+        bad = sorted(d for d in value if not re.fullmatch(r"[0-9a-f]{64}", d))
+        if bad:
+            raise ValueError(
+                f"SAPO_SAMPLER_ACCEPTED_CONFIG_DIGESTS has {bad[:3]}: each must be a config_digest, "
+                "64 lower-case hex digits"
+            )
+        return value
+
+    def accepted_configs(self) -> frozenset[str]:
+        """Every config digest this node re-derives: its accepted profiles' and the allow-list."""
+        digests = set(self.accepted_config_digests)
+        for name in self.accepted_profiles:
+            digests |= config_digests(load_profile(name))
+        return frozenset(digests)
+
     def screen_config(self) -> ScreenConfig:
         return ScreenConfig(
             node_id=self.node_id,
             accepted_tasks=self.accepted_tasks,
+            accepted_configs=self.accepted_configs(),
             max_payload_bytes=self.max_payload_bytes,
             max_external_age_s=self.max_external_age_s,
             max_policy_lag=self.max_policy_lag,

@@ -13,15 +13,23 @@ from pathlib import Path
 from typing import Any
 
 from sapo.swarm.launcher import flatten_env
-from sapo.swarm.manifest import NodeSpec, Service, SwarmManifest, resolve, service_values, sharing_peers
+from sapo.swarm.manifest import (
+    NodeSpec,
+    Service,
+    SwarmManifest,
+    resolve,
+    service_values,
+    sharing_peers,
+    swarm_profiles,
+)
 
 CHART_OWNED = frozenset({"MODEL", "CHECKPOINT_ROOT"})
 """Settings the chart sets itself (model: once for generator and trainer; checkpoint root: its volume)."""
 
 
-def _settings(node: NodeSpec, service: Service, peers: int) -> dict[str, str]:
+def _settings(node: NodeSpec, service: Service, peers: int, profiles: tuple[str, ...]) -> dict[str, str]:
     prefix = f"SAPO_{service.upper()}_"
-    env = flatten_env(service, service_values(node, service, peers))
+    env = flatten_env(service, service_values(node, service, peers, profiles))
     return {
         name.removeprefix(prefix): value
         for name, value in sorted(env.items())
@@ -31,16 +39,16 @@ def _settings(node: NodeSpec, service: Service, peers: int) -> dict[str, str]:
 
 def node_values(manifest: SwarmManifest, node: NodeSpec) -> dict[str, Any]:
     """Chart values of one node of the manifest."""
-    peers = sharing_peers(manifest, node)
-    generator = _settings(node, "generator", peers)
+    peers, profiles = sharing_peers(manifest, node), swarm_profiles(manifest)
+    generator = _settings(node, "generator", peers, profiles)
     model = resolve(manifest, node, Path("checkpoints")).generator.model
     values: dict[str, Any] = {
         "nodeId": node.id,
         "model": model,
         "topicPrefix": manifest.topic_prefix,
         "generator": {"settings": generator},
-        "sampler": {"settings": _settings(node, "sampler", peers)},
-        "trainer": {"settings": _settings(node, "trainer", peers)},
+        "sampler": {"settings": _settings(node, "sampler", peers, profiles)},
+        "trainer": {"settings": _settings(node, "trainer", peers, profiles)},
     }
     # <service>.gpu switches image, GPU limit and BACKEND/DEVICE together: the CPU image has no CUDA.
     if generator.pop("BACKEND", None) == "vllm":

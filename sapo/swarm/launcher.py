@@ -22,7 +22,15 @@ from typing import Any
 
 from sapo.broker import EmbeddedBroker
 from sapo.settings import ConsumerProfile
-from sapo.swarm.manifest import NodeSpec, Service, SwarmManifest, resolve, service_values, sharing_peers
+from sapo.swarm.manifest import (
+    NodeSpec,
+    Service,
+    SwarmManifest,
+    resolve,
+    service_values,
+    sharing_peers,
+    swarm_profiles,
+)
 from sapo.swarm.recorder import SwarmRecorder
 from sapo.topics import TopicNames, ensure_topics
 
@@ -141,7 +149,9 @@ class Swarm:
         port_file.unlink(missing_ok=True)
         env = dict(os.environ)
         env |= self._common_env(node, service, name, port_file)
-        values = service_values(node, service, sharing_peers(self.manifest, node))
+        values = service_values(
+            node, service, sharing_peers(self.manifest, node), swarm_profiles(self.manifest)
+        )
         if service == "trainer":
             values.setdefault("checkpoint_root", str(self.checkpoints))
         env |= flatten_env(service, values)

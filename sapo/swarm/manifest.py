@@ -133,10 +133,14 @@ class SwarmManifest(BaseModel):
         return self
 
 
-def service_values(node: NodeSpec, service: Service, peers: int) -> dict[str, Any]:
+def service_values(
+    node: NodeSpec, service: Service, peers: int, profiles: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """The settings one service of a node runs with, as field values: the short keys the manifest
     sets, mapped onto the service's fields, then the node's raw settings of that service on top.
-    `peers` is how many other nodes publish to the swarm (a lock-step sampler waits for them)."""
+    `peers` is how many other nodes publish to the swarm (a lock-step sampler waits for them);
+    `profiles` the task profiles the swarm's generators draw from (its sampler accepts their
+    configurations, `swarm_profiles`)."""
     values: dict[str, Any] = {}
     for key, targets in SHORT_KEYS.items():
         value = getattr(node, key)
@@ -148,6 +152,8 @@ def service_values(node: NodeSpec, service: Service, peers: int) -> dict[str, An
             values[field] = value
     if service == "sampler":
         values["expected_peers"] = peers
+        if profiles:
+            values["accepted_profiles"] = list(profiles)
     if service == "trainer" and node.temperature is None and "temperature" in node.generator:
         values["sampling_temperature"] = node.generator["temperature"]  # one temperature per node
     return values | node.raw(service)
@@ -160,6 +166,13 @@ class NodeSettings:
     generator: GeneratorSettings
     sampler: SamplerSettings
     trainer: TrainerSettings
+
+
+def swarm_profiles(manifest: SwarmManifest) -> tuple[str, ...]:
+    """Every task profile a generator of the manifest draws from, in node order, once each."""
+    default = GeneratorSettings.model_fields["profile"].default
+    profiles = (service_values(n, "generator", 0).get("profile", default) for n in manifest.nodes)
+    return tuple(dict.fromkeys(profiles))
 
 
 def sharing_peers(manifest: SwarmManifest, node: NodeSpec) -> int:
@@ -176,11 +189,11 @@ def resolve(manifest: SwarmManifest, node: NodeSpec, checkpoint_root: Path) -> N
     common: dict[str, Any] = {"node_id": node.id, "topic_prefix": manifest.topic_prefix}
     if manifest.bootstrap is None:  # the launcher's embedded-broker profile (trainer settings check it)
         common["consumer"] = ConsumerProfile.local().model_dump()
-    peers = sharing_peers(manifest, node)
+    peers, profiles = sharing_peers(manifest, node), swarm_profiles(manifest)
 
     def values(service: Service) -> dict[str, Any]:
         extra = {"checkpoint_root": str(checkpoint_root)} if service == "trainer" else {}
-        return common | extra | service_values(node, service, peers)
+        return common | extra | service_values(node, service, peers, profiles)
 
     return NodeSettings(
         generator=load_settings(GeneratorSettings, **values("generator")),

@@ -22,7 +22,7 @@ import yaml
 from reasoning_gym.factory import DATASETS
 
 from sapo.tasks.datasets import UNSAFE_VERIFIERS
-from sapo.tasks.records import canonical_json
+from sapo.tasks.records import canonical_json, sha256_hex
 
 STREAM_OWNED_FIELDS = frozenset({"seed", "size"})
 """Config fields the task stream sets itself; a profile may not override them."""
@@ -271,6 +271,17 @@ def resolved_config(spec: TaskSpec) -> dict[str, Any]:
         values.pop(key, None)
     normalized: dict[str, Any] = json.loads(canonical_json(values))  # TypeError if the wire cannot carry it
     return normalized
+
+
+def provenance_config(spec: TaskSpec) -> str:
+    """The configuration as provenance carries it (`Provenance.config_json`)."""
+    return canonical_json(resolved_config(spec))
+
+
+def config_digests(profile: Profile) -> frozenset[str]:
+    """The `config_digest` of every dataset configuration the profile's streams produce: what a
+    receiver that accepts this profile re-derives (`SamplerSettings.accepted_profiles`)."""
+    return frozenset(sha256_hex(provenance_config(spec)) for spec in profile)
 
 
 def _suggest(word: str, choices: Iterable[str]) -> str:

@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from sapo.tasks.datasets import generate_record
-from sapo.tasks.profiles import Profile, resolved_config, validate_profile
-from sapo.tasks.records import QuestionRecord, Split, canonical_json
+from sapo.tasks.profiles import Profile, provenance_config, validate_profile
+from sapo.tasks.records import QuestionRecord, Split
 from sapo.tasks.reward import reference_reward
 from sapo.tasks.seeds import DATASET_SIZE, derive_seed, text_in_split
 
@@ -75,9 +75,7 @@ class TaskStream(Iterator[QuestionRecord]):
         self.split: Split = split
         self.position = start
         self._tasks = tuple(
-            _StreamTask(
-                spec.name, canonical_json(resolved_config(spec)), derive_seed(split, spec.name, node_seed)
-            )
+            _StreamTask(spec.name, provenance_config(spec), derive_seed(split, spec.name, node_seed))
             for spec in profile
         )
         self._cum_weights = list(itertools.accumulate(float(spec.weight) for spec in profile))

@@ -3,6 +3,7 @@ dedupe, re-derivation, local re-scoring, the signal filter."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -10,7 +11,10 @@ import pytest
 from sapo.convert import question_to_proto
 from sapo.grpo.advantages import group_advantages
 from sapo.sampler import REASONS, Scored, Screen, ScreenConfig, SeenGroups, header_reason, parse
-from sapo.sampler.screen import ArrivalHook
+from sapo.sampler.screen import ArrivalHook, VerifyMode
+from sapo.sampler.verifier import Verifier
+from sapo.tasks import QuestionRecord
+from sapo.tasks.records import canonical_json, sha256_hex
 from sapo.v1 import rollout_pb2
 from sapo.wire import H_NODE, H_SCHEMA, H_TASK, InvalidMessageError
 from tests.unit.sampler.builders import WRONG, encoded, honest, questions, real_group, right, screen_config
@@ -196,3 +200,54 @@ def test_own_groups_of_a_refused_task_still_arrive_so_lockstep_rounds_close() ->
     assert header_reason(headers, "local", cfg) is None  # decoded, so it can be counted
     peer_headers = {H_TASK: other_task.task.encode(), H_NODE: b"peer-1"}
     assert header_reason(peer_headers, "external", cfg) == "task_not_accepted"
+
+
+def _with_config(original: rollout_pb2.RolloutGroup, config: dict[str, object]) -> rollout_pb2.RolloutGroup:
+    """The group with its provenance pointing at another, self-consistent dataset configuration."""
+    group = rollout_pb2.RolloutGroup()
+    group.CopyFrom(original)
+    provenance = group.question.provenance
+    provenance.config_json = canonical_json(config)
+    provenance.config_digest = sha256_hex(provenance.config_json)
+    return group
+
+
+class _CountingVerifier(Verifier):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def verify(self, record: QuestionRecord) -> str | None:
+        self.calls += 1
+        return super().verify(record)
+
+
+@pytest.mark.parametrize("verify", [VerifyMode.EAGER, VerifyMode.LAZY])
+def test_a_peer_config_outside_the_accepted_profiles_is_refused_before_any_rederivation(
+    verify: VerifyMode,
+) -> None:
+    """A self-consistent provenance (its digest matches its config) naming a configuration no accepted
+    profile has: re-deriving it would cost whatever the peer chose. Refused by reason and never
+    generated, in either verify mode; the same configuration allow-listed by digest is re-derived (and
+    here refused by what re-derivation finds)."""
+    honest_group = real_group(RECORDS[0], "peer-1")
+    config = json.loads(honest_group.question.provenance.config_json) | {"size_of_everything": 10**9}
+    foreign = _with_config(honest_group, config)
+    verifier = _CountingVerifier()
+    screen = Screen(_cfg(verify=verify), SeenGroups(1000), verifier=verifier)
+    assert honest(screen, foreign, "external", time.time(), 0) == "config_not_accepted"
+    assert verifier.calls == 0
+    assert isinstance(honest(screen, honest_group, "external", time.time(), 0), Scored)
+
+    allowed = _cfg(accepted_configs=screen.cfg.accepted_configs | {foreign.question.provenance.config_digest})
+    with pytest.raises(InvalidMessageError) as rederived:
+        honest(Screen(allowed, SeenGroups(1000)), foreign, "external", time.time(), 0)
+    assert rederived.value.reason == "invalid_config"
+
+
+def test_own_groups_are_not_held_to_the_accepted_configs() -> None:
+    """The node's own generator draws from its own profile; the allow-list guards peers' provenance."""
+    screen = _screen(accepted_configs=frozenset())
+    assert isinstance(honest(screen, real_group(RECORDS[0], NODE), "local", time.time(), 0), Scored)
+    peer = real_group(RECORDS[0], "peer-1")
+    assert honest(screen, peer, "external", time.time(), 0) == "config_not_accepted"

@@ -10,6 +10,7 @@ from sapo.identity import TrustMode
 from sapo.sampler import MixPolicy, RoundMode, SelectionPolicy, VerifyMode
 from sapo.sampler.settings import SamplerSettings
 from sapo.settings import ConfigError, load_settings
+from sapo.tasks import EASY_PROFILE, PAPER_PROFILE, TaskStream, config_digests, load_profile
 
 pytestmark = pytest.mark.unit
 
@@ -83,3 +84,37 @@ def test_unreachable_j_is_reported_with_what_to_set() -> None:
     assert SamplerSettings(node_id="n", external_groups=6, expected_peers=3).external_shortfall() is None
     asynchronous = SamplerSettings(node_id="n", external_groups=4, expected_peers=1, round_mode="async")
     assert asynchronous.external_shortfall() is None
+
+
+def test_accepted_configs_are_the_profiles_digests_and_the_allow_list(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    extra = "ab" * 32
+    monkeypatch.setenv("SAPO_SAMPLER_NODE_ID", "node-0")
+    monkeypatch.setenv("SAPO_SAMPLER_ACCEPTED_PROFILES", '["easy:basic_arithmetic"]')
+    monkeypatch.setenv("SAPO_SAMPLER_ACCEPTED_CONFIG_DIGESTS", f'["{extra}"]')
+    s = load_settings(SamplerSettings)
+    stream = TaskStream(load_profile("easy:basic_arithmetic"), node_seed=3, split="train")
+    digest = stream.take(1)[0].provenance.config_digest  # what a peer's generator puts on the wire
+    assert s.screen_config().accepted_configs == {digest, extra}
+    monkeypatch.delenv("SAPO_SAMPLER_ACCEPTED_PROFILES")
+    monkeypatch.delenv("SAPO_SAMPLER_ACCEPTED_CONFIG_DIGESTS")
+    assert config_digests(EASY_PROFILE) <= SamplerSettings(node_id="n").accepted_configs()
+    assert config_digests(PAPER_PROFILE) <= SamplerSettings(node_id="n").accepted_configs()
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "says"),
+    [
+        ("ACCEPTED_PROFILES", "[]", "SAPO_SAMPLER_ACCEPTED_PROFILES is empty"),
+        ("ACCEPTED_PROFILES", '["no-such-profile"]', "neither a built-in profile"),
+        ("ACCEPTED_CONFIG_DIGESTS", '["not-a-digest"]', "64 lower-case hex digits"),
+    ],
+)
+def test_bad_accepted_configs_fail_at_start_saying_what_to_set(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, says: str
+) -> None:
+    monkeypatch.setenv("SAPO_SAMPLER_NODE_ID", "node-0")
+    monkeypatch.setenv(f"SAPO_SAMPLER_{name}", value)
+    with pytest.raises(ConfigError, match=says):
+        load_settings(SamplerSettings)

@@ -8,7 +8,8 @@ import pytest
 
 from sapo.settings import ConfigError
 from sapo.swarm.launcher import flatten_env
-from sapo.swarm.manifest import load_manifest, parse_manifest, resolve, service_values
+from sapo.swarm.manifest import load_manifest, parse_manifest, resolve, service_values, swarm_profiles
+from sapo.tasks import config_digests, load_profile
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[3]
@@ -101,3 +102,24 @@ def test_one_temperature_reaches_the_generator_and_the_trainer() -> None:
     assert service_values(raw, "trainer", 0)["sampling_temperature"] == 0.6
     assert "temperature" not in service_values(unset, "generator", 0)
     assert "sampling_temperature" not in service_values(unset, "trainer", 0)
+
+
+def test_samplers_accept_the_configurations_of_every_profile_in_the_swarm(tmp_path: Path) -> None:
+    """A silo swarm: each node draws one task; every sampler re-derives the others' too (and nothing
+    else), so sharing works and a foreign configuration is refused."""
+    manifest = parse_manifest(
+        {
+            "defaults": {"rounds": 2},
+            "nodes": [
+                {"id": "a", "profile": "easy:basic_arithmetic"},
+                {"id": "b", "profile": "easy:calendar_arithmetic"},
+                {"id": "c", "generator": {"profile": "easy:basic_arithmetic"}},
+            ],
+        }
+    )
+    assert swarm_profiles(manifest) == ("easy:basic_arithmetic", "easy:calendar_arithmetic")
+    a = resolve(manifest, manifest.nodes[0], tmp_path)
+    assert a.sampler.accepted_profiles == ("easy:basic_arithmetic", "easy:calendar_arithmetic")
+    wanted = config_digests(load_profile("easy:basic_arithmetic,calendar_arithmetic"))
+    assert a.sampler.accepted_configs() == wanted
+    assert not config_digests(load_profile("easy:propositional_logic")) & wanted
