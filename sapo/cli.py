@@ -297,6 +297,9 @@ def _run_report(args: argparse.Namespace) -> int:
         )
         return 1
     report.print_table(totals, sys.stdout)
+    intake = report.intake_totals(args.run_dir)
+    if intake:
+        report.print_intake(intake, sys.stdout)
     if not args.no_plot:
         path = args.plot or args.run_dir / "contributions.png"
         report.plot(totals, path)

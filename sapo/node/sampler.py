@@ -29,9 +29,9 @@ Delivery semantics (at-least-once in; batch ids out exactly once):
   every step. Hostile records (forged, impersonating, header/body mismatch) are dead-lettered.
 - Per-peer accounting: every swarm group whose sender is established (verified, with identity on)
   is counted for that peer as received, then rejected by reason (at screening or as a pool discard)
-  or used (in an acknowledged batch); the peer label is bounded (`sapo.node.peers`). This stays in
-  the sampler's metrics rather than travelling in the batch: a rejection belongs to no batch, and the
-  trainer records what it trained on itself (`StepMetrics.contributions`).
+  or used (in an acknowledged batch), in metrics with a bounded peer label (`sapo.node.peers`) and
+  in each batch's `intake` (the counts since the previous batch, `sapo.sampler.intake`), which the
+  trainer copies into its step record. The intake counted since the last batch is lost on restart.
 - One sampler per node: it owns the batch sequence (run the Deployment with one replica). If a
   rebalance still takes partitions away, their pooled groups are dropped unfinished and forgotten by
   the dedupe set, so the new owner's copy is accepted.
@@ -70,6 +70,7 @@ from sapo.sampler import (
     parse,
     sender_of,
 )
+from sapo.sampler.intake import IntakeTally
 from sapo.sampler.settings import SamplerSettings
 from sapo.settings import ConfigError
 from sapo.topics import TopicNames
@@ -118,6 +119,7 @@ class SamplerService:
         self._transport = transport
         self._dead_letters = dead_letters
         self.core: SamplerCore[Record] = build_sampler_core(settings, history)
+        self._intake = IntakeTally()
         self._jumped(
             history.next_sequence,
             f"the trainer's announcement of v{history.trainer_version} expects sequence "
@@ -292,6 +294,7 @@ class SamplerService:
         if origin != "external" or not peer:
             return
         self._metrics.peers.received(peer, pooled=reason is None)
+        self._intake.received(peer, reason)
         if reason is not None:
             self._metrics.peers.rejected(peer, reason)
 
@@ -321,6 +324,8 @@ class SamplerService:
         entries = assembly.entries
         positions = [(e.handle.topic, e.handle.partition, e.handle.offset) for e in entries]
         batch = self.core.build(assembly, positions, now_timestamp())
+        self._intake.used(e.scored.peer for e in entries if e.scored.origin == "external")
+        batch.intake.extend(self._intake.take())
         if self._lease is not None:
             self._lease.check(before_write=True)  # a fenced sampler stops here, before it writes
             batch.epoch = self._lease.epoch
@@ -366,6 +371,7 @@ class SamplerService:
             self._metrics.rejected.labels(discard.reason).inc()
             if discard.entry.scored.origin == "external":
                 self._metrics.peers.rejected(discard.entry.scored.peer, discard.reason)
+                self._intake.rejected(discard.entry.scored.peer, discard.reason)
 
     def _loop_of(self, record: Record) -> ConsumerLoop:
         return self.local if record.topic == self._topics.rollouts else self.swarm

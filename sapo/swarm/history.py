@@ -3,6 +3,7 @@
     <run_dir>/manifest.json          the exact manifest the run used
     <run_dir>/steps/<node>.jsonl     one line per policy version > 0: the step's metrics (`step_row`),
                                      with what each source node's groups put into it (`contributions`)
+                                     and what the sampler did with each peer's groups (`intake`)
     <run_dir>/rounds/<node>.jsonl    one line per generated round: the on-policy reward (`round_row`)
     <run_dir>/checkpoints/<node>/    the trainer's checkpoints (the last one is the node's final policy),
                                      unless the node's manifest names a `store` (then <store>/<node>/)
@@ -55,6 +56,10 @@ def step_row(
                 "advantage_mass": c.advantage_mass,
             }
             for c in m.contributions
+        ],
+        "intake": [
+            {"node": i.node_id, "received": i.received, "used": i.used, "rejected": dict(i.rejected)}
+            for i in m.intake
         ],
     }
 

@@ -6,15 +6,18 @@ groups under its own id (`sapo.trainer.contributions`). This module adds them up
 source node) over the run and shows them as a table and a plot. Shares are of the training node's
 totals, so a row reads "x% of node-a's trained tokens (signal) came from node-b".
 
-The sampler's side (what each peer sent, what was rejected and why) is in its per-peer metrics
-(`sapo.node.peers`), not in the run record: a run directory holds only what the topics announce.
+The sampler's side travels in the same rows: each batch's `intake` (what the node's sampler received
+from each peer since its previous batch, used, and rejected by reason), copied by the trainer into its
+step metrics. `intake_totals` adds it up per (node, peer). Runs of `--in-process` swarms record no
+intake (they have no sampler service).
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -76,6 +79,48 @@ def contribution_totals(run_dir: Path) -> list[PeerTotals]:
         ]
         totals += sorted(found, key=lambda t: (not t.local, -t.advantage_mass, t.source))
     return totals
+
+
+@dataclass
+class IntakeTotals:
+    """What `node`'s sampler did with `peer`'s swarm groups over a run."""
+
+    node: str
+    peer: str
+    received: int = 0
+    used: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)
+
+
+def intake_totals(run_dir: Path) -> list[IntakeTotals]:
+    """Per node (sorted) and peer (by groups received, most first)."""
+    totals: list[IntakeTotals] = []
+    for path in sorted((run_dir / STEPS_DIR).glob("*.jsonl")):
+        sums: dict[str, IntakeTotals] = {}
+        for row in read_rows(path):
+            for i in row.get("intake", []):
+                t = sums.setdefault(i["node"], IntakeTotals(path.stem, i["node"]))
+                t.received += i["received"]
+                t.used += i["used"]
+                t.rejected.update(i["rejected"])
+        totals += sorted(sums.values(), key=lambda t: (-t.received, t.peer))
+    return totals
+
+
+def print_intake(totals: Sequence[IntakeTotals], out: IO[str], reasons: int = 3) -> None:
+    """One row per (node, peer): received, used, rejected, and the most frequent reasons."""
+    table = Table(box=box.SIMPLE_HEAD, title="what each node's sampler did with its peers' groups")
+    for name in ("node", "peer", "received", "used", "rejected"):
+        table.add_column(name, justify="left" if name in ("node", "peer") else "right")
+    table.add_column("top reasons")
+    previous = None
+    for t in totals:
+        if previous is not None and t.node != previous:
+            table.add_section()
+        previous = t.node
+        top = ", ".join(f"{reason} {n}" for reason, n in t.rejected.most_common(reasons))
+        table.add_row(t.node, t.peer, str(t.received), str(t.used), str(t.rejected.total()), top)
+    Console(file=out, width=120).print(table)
 
 
 def print_table(totals: Sequence[PeerTotals], out: IO[str]) -> None:

@@ -27,6 +27,7 @@ def step_metrics(report: StepReport) -> policy_pb2.StepMetrics:
         step_seconds=report.seconds,
         local_completions=local,
         external_completions=len(built.rows) - local,
+        intake=report.intake,
     )
     if report.stats is not None:
         m = report.stats.metrics

@@ -1,6 +1,7 @@
 """Contribution accounting through real processes: a two-node swarm started by the `sapo swarm`
-launcher, whose step records name the peer whose groups each node trained on, and whose services'
-/metrics carry per-peer series with a bounded `peer` label; `sapo report` reads the run directory.
+launcher, whose step records name the peer whose groups each node trained on (and carry the
+sampler's per-peer intake, through the batch), and whose services' /metrics carry per-peer series
+with a bounded `peer` label; `sapo report` reads the run directory.
 
 Untrained tiny models score 0 everywhere, so no group would have signal and no peer would ever be
 trained on: the nodes are the warm models of `test_swarm_hetero` (one family here), built once into
@@ -112,11 +113,14 @@ def test_steps_and_metrics_account_for_each_peers_groups(
             assert sum(c["completions"] for c in contributions.values()) == (
                 step["local_completions"] + step["external_completions"]
             )
+            intake = {i["node"]: i for i in step["intake"]}  # the sampler's side, via the batch
+            assert set(intake) <= {peer}
             if step["external_completions"]:
                 assert contributions[peer]["completion_tokens"] > 0
-                assert contributions[peer]["groups"] >= 1
+                assert intake[peer]["used"] >= contributions[peer]["groups"] >= 1
         trained_peer = [s for s in steps if s["external_completions"]]
         assert trained_peer, f"{node} trained on none of {peer}'s groups"
+        assert sum(i["received"] for s in steps for i in s["intake"]) > 0
 
         sampler, trainer = scraper.last[f"{node}-sampler"], scraper.last[f"{node}-trainer"]
         labelled = node == "node-a"  # node-b has METRICS_PEERS=0: its peer is only under OTHER
@@ -136,5 +140,6 @@ def test_steps_and_metrics_account_for_each_peers_groups(
     totals = {(t.trainer, t.source): t for t in contribution_totals(run_dir)}
     assert totals[("node-a", "node-b")].completion_tokens > 0
     assert cli.main(["report", str(run_dir)]) == 0
-    assert "node-a (own)" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "node-a (own)" in printed and "what each node's sampler did" in printed
     assert (run_dir / "contributions.png").exists()
