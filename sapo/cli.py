@@ -28,6 +28,7 @@ from sapo.identity import cli as keys_cli
 from sapo.inspect import cli as inspect_cli
 from sapo.kafka import KafkaPublisher
 from sapo.settings import ConfigError
+from sapo.swarm import report
 from sapo.topics import (
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_PREFIX,
@@ -277,6 +278,35 @@ def _run_results(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_report_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run directory of `sapo swarm`")
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        help="where the plot goes (default RUN_DIR/contributions.png)",
+    )
+    parser.add_argument("--no-plot", action="store_true", help="print the table only")
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    totals = report.contribution_totals(args.run_dir)
+    if not totals:
+        log.error(
+            "no contributions recorded under %s/steps: not a run directory, or no step trained", args.run_dir
+        )
+        return 1
+    report.print_table(totals, sys.stdout)
+    intake = report.intake_totals(args.run_dir)
+    if intake:
+        report.print_intake(intake, sys.stdout)
+    if not args.no_plot:
+        path = args.plot or args.run_dir / "contributions.png"
+        report.plot(totals, path)
+        log.info("wrote %s", path)
+    return 0
+
+
 SUBCOMMANDS: tuple[Subcommand, ...] = (
     Subcommand("broker", "run the embedded Kafka-API broker (tansu)", _add_broker_arguments, _run_broker),
     Subcommand("topics", "create the swarm and node topics (idempotent)", _add_topics_arguments, _run_topics),
@@ -298,6 +328,12 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
         "drive a running generator, sampler or trainer through the contract; a pass/fail table",
         conformance_cli.add_arguments,
         conformance_cli.run,
+    ),
+    Subcommand(
+        "report",
+        "per-peer contributions to each node's training in a run directory: a table and a plot",
+        _add_report_arguments,
+        _run_report,
     ),
     Subcommand(
         "experiment",

@@ -164,6 +164,21 @@ class LeaseSettings(BaseModel):
     )
 
 
+class PeerMetricsSettings(BaseModel):
+    """How many peers get their own label in the per-peer metrics of the sampler and the trainer
+    (`sapo.node.peers`), declared once for both."""
+
+    metrics_peers: int = Field(
+        16,
+        ge=0,
+        le=256,
+        description="Peers with their own `peer` label in the per-peer contribution metrics: the first "
+        "this many peers whose groups this node used, for the life of the process; every other peer is "
+        'counted under peer="other" (the node\'s own id always has its label). Bounds the series '
+        "count; `sapo report` has every peer.",
+    )
+
+
 class LogFormat(StrEnum):
     JSON = "json"
     TEXT = "text"

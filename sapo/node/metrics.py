@@ -4,7 +4,7 @@ Names follow `sapo_<service>_<noun>_<unit>`: counters end in `_total`, durations
 seconds. Every label is bounded (task names from the node's profile, reasons and origins from fixed
 tuples) and initialised up front, so dashboards see zeros rather than missing series. Transport-level
 counts (messages read, dead-lettered, produced) come from `sapo.kafka.TransportMetrics` on the same
-registry.
+registry. Per-peer series (`sapo.node.peers`) bound their `peer` label by the METRICS_PEERS setting.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from sapo.node.peers import PeerLabels, SamplerPeerMetrics, TrainerPeerMetrics
 from sapo.sampler import ORIGINS, REASONS
-from sapo.trainer import RowMode, StepReport
+from sapo.trainer import RowMode, StepReport, contributions
 
 # --- generator ---
 
@@ -129,7 +130,8 @@ _AGE_BUCKETS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 
 
 class SamplerMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, peers: PeerLabels | None = None) -> None:
+        self.peers = SamplerPeerMetrics(registry, peers or PeerLabels("", 0))
         self.consumed = Counter(
             "sapo_sampler_groups_consumed_total",
             "Rollout groups read, by origin (local: own generator; external: the swarm topic).",
@@ -202,7 +204,9 @@ STALENESS_BUCKETS = (0, 1, 2, 4, 8, 16, 32)
 
 
 class TrainerMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, peers: PeerLabels | None = None) -> None:
+        self.peers = TrainerPeerMetrics(registry, peers or PeerLabels("", 0))
+
         def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> Gauge:
             return Gauge(f"{P}_{name}", doc, labels, registry=registry)
 
@@ -319,6 +323,7 @@ class TrainerMetrics:
             return
         m = stats.metrics
         self.steps.inc(stats.optimizer_steps)
+        self.peers.observe(contributions(built.rows))
         self.skipped_updates.inc(stats.skipped_updates)
         self.completion_tokens.inc(stats.completion_tokens)
         self.loss.set(m.loss)

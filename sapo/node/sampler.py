@@ -27,6 +27,11 @@ Delivery semantics (at-least-once in; batch ids out exactly once):
   is decoded (`sapo.sampler.sender`), and the decoded group must name the verified node; the keys
   topic, when followed, is read to its end before the swarm stream is consumed, then polled in
   every step. Hostile records (forged, impersonating, header/body mismatch) are dead-lettered.
+- Per-peer accounting: every swarm group whose sender is established (verified, with identity on)
+  is counted for that peer as received, then rejected by reason (at screening or as a pool discard)
+  or used (in an acknowledged batch), in metrics with a bounded peer label (`sapo.node.peers`) and
+  in each batch's `intake` (the counts since the previous batch, `sapo.sampler.intake`), which the
+  trainer copies into its step record. The intake counted since the last batch is lost on restart.
 - One sampler per node: it owns the batch sequence (run the Deployment with one replica). If a
   rebalance still takes partitions away, their pooled groups are dropped unfinished and forgotten by
   the dedupe set, so the new owner's copy is accepted.
@@ -49,6 +54,7 @@ from sapo.node.build import build_sampler_core
 from sapo.node.identity import IdentityGate, IdentityMetrics, KeysFollower
 from sapo.node.lease import Lease, node_lease
 from sapo.node.metrics import SamplerMetrics
+from sapo.node.peers import PeerLabels
 from sapo.node.recovery import read_history
 from sapo.node.trained import TrainerFollower
 from sapo.ops import Health
@@ -64,6 +70,7 @@ from sapo.sampler import (
     parse,
     sender_of,
 )
+from sapo.sampler.intake import IntakeTally
 from sapo.sampler.settings import SamplerSettings
 from sapo.settings import ConfigError
 from sapo.topics import TopicNames
@@ -112,6 +119,7 @@ class SamplerService:
         self._transport = transport
         self._dead_letters = dead_letters
         self.core: SamplerCore[Record] = build_sampler_core(settings, history)
+        self._intake = IntakeTally()
         self._jumped(
             history.next_sequence,
             f"the trainer's announcement of v{history.trainer_version} expects sequence "
@@ -185,7 +193,7 @@ class SamplerService:
             publisher=runtime.publisher,
             local_client=runtime.consumer("sampler"),
             swarm_client=runtime.consumer("sampler-swarm", swarm=True),
-            metrics=SamplerMetrics(runtime.registry),
+            metrics=SamplerMetrics(runtime.registry, PeerLabels(settings.node_id, settings.metrics_peers)),
             transport=runtime.transport,
             health=runtime.health,
             stop=runtime.stop,
@@ -268,11 +276,27 @@ class SamplerService:
         sender = sender_of(record.headers, record.value, origin, node_id=node, store=gate, now_s=now)
         if isinstance(sender, str):
             return sender
-        group = parse(record.value, self._settings.max_payload_bytes, record.headers)
-        previous = self.core.sequence
-        reason = self.core.admit(group, origin, record, now, sender)
+        peer = sender.node_id  # "" with identity off and no node header: the body names it
+        try:
+            group = parse(record.value, self._settings.max_payload_bytes, record.headers)
+            peer = peer or group.node_id
+            previous = self.core.sequence
+            reason = self.core.admit(group, origin, record, now, sender)
+        except InvalidMessageError as exc:
+            self._peer_verdict(origin, peer, exc.reason)
+            raise
         self._jumped(previous, f"local group {group.group_id} sampled with policy v{group.policy_version}")
+        self._peer_verdict(origin, peer, reason)
         return reason
+
+    def _peer_verdict(self, origin: Origin, peer: str, reason: str | None) -> None:
+        """Per-peer accounting of a swarm group whose sender is established (`sapo.node.peers`)."""
+        if origin != "external" or not peer:
+            return
+        self._metrics.peers.received(peer, pooled=reason is None)
+        self._intake.received(peer, reason)
+        if reason is not None:
+            self._metrics.peers.rejected(peer, reason)
 
     def _follow_trainer(self, next_sequence: int, version: int) -> None:
         previous = self.core.sequence
@@ -300,6 +324,8 @@ class SamplerService:
         entries = assembly.entries
         positions = [(e.handle.topic, e.handle.partition, e.handle.offset) for e in entries]
         batch = self.core.build(assembly, positions, now_timestamp())
+        self._intake.used(e.scored.peer for e in entries if e.scored.origin == "external")
+        batch.intake.extend(self._intake.take())
         if self._lease is not None:
             self._lease.check(before_write=True)  # a fenced sampler stops here, before it writes
             batch.epoch = self._lease.epoch
@@ -324,6 +350,7 @@ class SamplerService:
         self._metrics.batches.inc()
         self._metrics.batch_groups.labels("local").observe(len(assembly.local))
         self._metrics.batch_groups.labels("external").observe(len(assembly.external))
+        self._metrics.peers.used(s.peer for s in groups if s.origin == "external")
         for scored in groups:
             if scored.origin == "local":
                 self._metrics.staleness.observe(max(0, self.sequence - scored.group.policy_version))
@@ -342,6 +369,9 @@ class SamplerService:
                     self._dead_letters.send(record, discard.reason, discard.error.detail)
             self._loop_of(record).finish(record)
             self._metrics.rejected.labels(discard.reason).inc()
+            if discard.entry.scored.origin == "external":
+                self._metrics.peers.rejected(discard.entry.scored.peer, discard.reason)
+                self._intake.rejected(discard.entry.scored.peer, discard.reason)
 
     def _loop_of(self, record: Record) -> ConsumerLoop:
         return self.local if record.topic == self._topics.rollouts else self.swarm

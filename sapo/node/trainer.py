@@ -44,6 +44,7 @@ from sapo.models import require_loadable
 from sapo.node.build import build_trainer
 from sapo.node.lease import Lease, node_lease
 from sapo.node.metrics import TrainerMetrics
+from sapo.node.peers import PeerLabels
 from sapo.node.planner import WorkPlanner
 from sapo.node.quarantine import AttemptLog, is_poison, next_attempt
 from sapo.ops import Health
@@ -171,7 +172,7 @@ class TrainerService:
             publisher=runtime.publisher,
             topics=runtime.topics,
             health=runtime.health,
-            metrics=TrainerMetrics(runtime.registry),
+            metrics=TrainerMetrics(runtime.registry, PeerLabels(settings.node_id, settings.metrics_peers)),
             transport=runtime.transport,
             stop=runtime.stop,
             dead_letters=runtime.dead_letters,

@@ -10,6 +10,7 @@ out. Module map:
 - `pool`: accepted groups waiting for a batch, bounded per origin.
 - `selection`: fixed / adaptive I/J, per-source quota, uniform / reward-guided choice of J.
 - `assembler`: the round modes lockstep / deadline / async; verifies lazily screened picks.
+- `intake`: per peer, what was received, rejected and used since the previous batch (`PeerIntake`).
 - `batch`: the TrainingBatch message and the history a restart recovers from the batch topic.
 - `core`: `SamplerCore`, all of the above for one node without transport (service and in-process).
 - `settings`: `SamplerSettings`, the service's settings (imported from there, not from this package).

@@ -24,12 +24,12 @@ from sapo.sampler import (
     SelectionPolicy,
     VerifyMode,
 )
-from sapo.settings import LeaseSettings, RoundSettings, ServiceSettings
+from sapo.settings import LeaseSettings, PeerMetricsSettings, RoundSettings, ServiceSettings
 from sapo.tasks import config_digests, load_profile
 from sapo.tasks.datasets import UNSAFE_VERIFIERS, is_known_dataset
 
 
-class SamplerSettings(ServiceSettings, RoundSettings, LeaseSettings):
+class SamplerSettings(ServiceSettings, RoundSettings, LeaseSettings, PeerMetricsSettings):
     """Settings of one node's sampler (a singleton per node: it owns the batch sequence)."""
 
     model_config = SettingsConfigDict(

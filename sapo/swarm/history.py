@@ -1,7 +1,9 @@
 """The record of a swarm run on disk, written the same way by the Kafka swarm and the in-process mode.
 
     <run_dir>/manifest.json          the exact manifest the run used
-    <run_dir>/steps/<node>.jsonl     one line per policy version > 0: the step's metrics (`step_row`)
+    <run_dir>/steps/<node>.jsonl     one line per policy version > 0: the step's metrics (`step_row`),
+                                     with what each source node's groups put into it (`contributions`)
+                                     and what the sampler did with each peer's groups (`intake`)
     <run_dir>/rounds/<node>.jsonl    one line per generated round: the on-policy reward (`round_row`)
     <run_dir>/checkpoints/<node>/    the trainer's checkpoints (the last one is the node's final policy),
                                      unless the node's manifest names a `store` (then <store>/<node>/)
@@ -45,6 +47,20 @@ def step_row(
         "completion_tokens": m.completion_tokens,
         "step_seconds": m.step_seconds,
         "created_at": created_at,
+        "contributions": [
+            {
+                "node": c.node_id,
+                "groups": c.groups,
+                "completions": c.completions,
+                "completion_tokens": c.completion_tokens,
+                "advantage_mass": c.advantage_mass,
+            }
+            for c in m.contributions
+        ],
+        "intake": [
+            {"node": i.node_id, "received": i.received, "used": i.used, "rejected": dict(i.rejected)}
+            for i in m.intake
+        ],
     }
 
 

@@ -6,10 +6,12 @@
 - `state`: the resumable state (`trainer_state.pt`, every `state_every` versions): optimizer, schedule, RNG,
   offsets, ledger.
 - `engine`: `Trainer`, which ties them together and documents the delivery semantics.
+- `contributions`: per source node, the groups, tokens and advantage mass a step trained on.
 - `report`: `step_metrics`, the wire summary of a step (what a `PolicyUpdate` announces).
 """
 
 from sapo.checkpoints import TRAINER_STATE
+from sapo.trainer.contributions import Contribution, contributions
 from sapo.trainer.engine import StepReport, Trainer
 from sapo.trainer.optim import OptimConfig, Schedule, lr_factor
 from sapo.trainer.report import step_metrics
@@ -20,6 +22,7 @@ from sapo.trainer.step import MicroBatch, Precision, StepConfig, StepStats, plan
 __all__ = [
     "TRAINER_STATE",
     "BuiltBatch",
+    "Contribution",
     "ExternalLogprobs",
     "LedgerEntry",
     "MicroBatch",
@@ -34,6 +37,7 @@ __all__ = [
     "StepStats",
     "Trainer",
     "TrainerState",
+    "contributions",
     "lr_factor",
     "plan_micro_batches",
     "step_metrics",

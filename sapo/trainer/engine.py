@@ -52,7 +52,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class StepReport:
-    """What applying one batch did. `stats` is None when no optimizer step was taken."""
+    """What applying one batch did. `stats` is None when no optimizer step was taken; `intake` is the
+    batch's account of what its sampler did per peer, passed on to the step record."""
 
     version: int
     batch_id: str
@@ -62,6 +63,7 @@ class StepReport:
     stats: StepStats | None
     lr: float
     seconds: float
+    intake: tuple[batch_pb2.PeerIntake, ...] = ()
 
 
 class Trainer:
@@ -144,6 +146,7 @@ class Trainer:
             stats=stats,
             lr=self.lr,
             seconds=time.perf_counter() - started,
+            intake=tuple(batch.intake),
         )
 
     def skip(self, batch: batch_pb2.TrainingBatch) -> StepReport:
@@ -164,6 +167,7 @@ class Trainer:
             stats=None,
             lr=self.lr,
             seconds=0.0,
+            intake=tuple(batch.intake),
         )
 
     def note_offset(self, tp: TopicPartition, next_offset: int) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+from sapo.trainer.contributions import contributions
 from sapo.trainer.engine import StepReport
 from sapo.v1 import policy_pb2
 
@@ -26,6 +27,7 @@ def step_metrics(report: StepReport) -> policy_pb2.StepMetrics:
         step_seconds=report.seconds,
         local_completions=local,
         external_completions=len(built.rows) - local,
+        intake=report.intake,
     )
     if report.stats is not None:
         m = report.stats.metrics
@@ -35,4 +37,5 @@ def step_metrics(report: StepReport) -> policy_pb2.StepMetrics:
         proto.grad_norm = finite(report.stats.grad_norm)
         proto.entropy = finite(m.entropy_mean)
         proto.completion_tokens = report.stats.completion_tokens
+        proto.contributions.extend(c.to_proto() for c in contributions(built.rows))
     return proto

@@ -82,6 +82,8 @@ class Row:
     mode: RowMode
     reward: float
     local: bool
+    peer: str  # the node whose group this completion belongs to (the group's verified sender)
+    group_id: str
 
 
 @dataclass
@@ -182,6 +184,7 @@ class SequenceBuilder:
                 reward=float(bg.rewards[i]),
                 temperature=temperature,
                 mode=mode,
+                group=group,
                 local=local,
             )
 
@@ -196,6 +199,7 @@ class SequenceBuilder:
         reward: float,
         temperature: float,
         mode: RowMode,
+        group: rollout_pb2.RolloutGroup,
         local: bool,
     ) -> None:
         room = self.max_sequence_tokens - len(prompt)
@@ -210,7 +214,7 @@ class SequenceBuilder:
             ids = ids[:room]
             behaviour = None if behaviour is None else behaviour[:room]
         sample = TrainSample(prompt, tuple(ids), advantage, behaviour)
-        built.rows.append(Row(sample, temperature, mode, reward, local))
+        built.rows.append(Row(sample, temperature, mode, reward, local, group.node_id, group.group_id))
 
     def _retokenized(self, completion: rollout_pb2.Completion) -> tuple[int, ...]:
         """Our encoding of the decoded text, plus our EOS when the sender's model ended it with its EOS

@@ -16,11 +16,13 @@ from sapo.generator.work import PacingSettings
 from sapo.grpo import DEFAULT_LOSS_CONFIG as PAPER_LOSS
 from sapo.grpo import LossConfig
 from sapo.models.settings import ModelSettings
-from sapo.settings import LeaseSettings, RoundSettings, ServiceSettings
+from sapo.settings import LeaseSettings, PeerMetricsSettings, RoundSettings, ServiceSettings
 from sapo.trainer import OptimConfig, StepConfig
 
 
-class TrainerSettings(ServiceSettings, ModelSettings, RoundSettings, PacingSettings, LeaseSettings):
+class TrainerSettings(
+    ServiceSettings, ModelSettings, RoundSettings, PacingSettings, LeaseSettings, PeerMetricsSettings
+):
     """Configuration of one node's trainer (one replica per node: it owns the node's checkpoints)."""
 
     model_config = SettingsConfigDict(

@@ -44,8 +44,27 @@ class OffsetRange(_message.Message):
     last: int
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., first: _Optional[int] = ..., last: _Optional[int] = ...) -> None: ...
 
+class PeerIntake(_message.Message):
+    __slots__ = ("node_id", "received", "used", "rejected")
+    class RejectedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    USED_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    received: int
+    used: int
+    rejected: _containers.ScalarMap[str, int]
+    def __init__(self, node_id: _Optional[str] = ..., received: _Optional[int] = ..., used: _Optional[int] = ..., rejected: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
 class TrainingBatch(_message.Message):
-    __slots__ = ("schema_version", "batch_id", "node_id", "sequence", "target_policy_version", "groups", "offsets", "created_at", "round", "epoch")
+    __slots__ = ("schema_version", "batch_id", "node_id", "sequence", "target_policy_version", "groups", "offsets", "created_at", "round", "epoch", "intake")
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +75,7 @@ class TrainingBatch(_message.Message):
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    INTAKE_FIELD_NUMBER: _ClassVar[int]
     schema_version: int
     batch_id: str
     node_id: str
@@ -66,4 +86,5 @@ class TrainingBatch(_message.Message):
     created_at: _timestamp_pb2.Timestamp
     round: int
     epoch: int
-    def __init__(self, schema_version: _Optional[int] = ..., batch_id: _Optional[str] = ..., node_id: _Optional[str] = ..., sequence: _Optional[int] = ..., target_policy_version: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[BatchGroup, _Mapping]]] = ..., offsets: _Optional[_Iterable[_Union[OffsetRange, _Mapping]]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., round: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
+    intake: _containers.RepeatedCompositeFieldContainer[PeerIntake]
+    def __init__(self, schema_version: _Optional[int] = ..., batch_id: _Optional[str] = ..., node_id: _Optional[str] = ..., sequence: _Optional[int] = ..., target_policy_version: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[BatchGroup, _Mapping]]] = ..., offsets: _Optional[_Iterable[_Union[OffsetRange, _Mapping]]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., round: _Optional[int] = ..., epoch: _Optional[int] = ..., intake: _Optional[_Iterable[_Union[PeerIntake, _Mapping]]] = ...) -> None: ...

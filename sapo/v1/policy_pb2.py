@@ -23,17 +23,20 @@ _sym_db = _symbol_database.Default()
 
 
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
+from sapo.v1 import batch_pb2 as sapo_dot_v1_dot_batch__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14sapo/v1/policy.proto\x12\x07sapo.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x90\x02\n\x0bStepMetrics\x12\x0c\n\x04loss\x18\x01 \x01(\x01\x12\x13\n\x0breward_mean\x18\x02 \x01(\x01\x12\x19\n\x11local_reward_mean\x18\x03 \x01(\x01\x12\x19\n\x11\x63lip_fraction_low\x18\x04 \x01(\x01\x12\x1a\n\x12\x63lip_fraction_high\x18\x05 \x01(\x01\x12\x11\n\tgrad_norm\x18\x06 \x01(\x01\x12\x0f\n\x07\x65ntropy\x18\x07 \x01(\x01\x12\x19\n\x11\x63ompletion_tokens\x18\x08 \x01(\x04\x12\x14\n\x0cstep_seconds\x18\t \x01(\x01\x12\x19\n\x11local_completions\x18\n \x01(\x04\x12\x1c\n\x14\x65xternal_completions\x18\x0b \x01(\x04\"\x93\x02\n\x0cPolicyUpdate\x12\x16\n\x0eschema_version\x18\x01 \x01(\r\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12\x14\n\x0cmanifest_uri\x18\x04 \x01(\t\x12\x17\n\x0fmanifest_sha256\x18\x05 \x01(\t\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12%\n\x07metrics\x18\x07 \x01(\x0b\x32\x14.sapo.v1.StepMetrics\x12\x10\n\x08\x62\x61tch_id\x18\x08 \x01(\t\x12\r\n\x05\x65poch\x18\t \x01(\x04\x12\x15\n\x08sequence\x18\n \x01(\x04H\x00\x88\x01\x01\x42\x0b\n\t_sequenceb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14sapo/v1/policy.proto\x12\x07sapo.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x13sapo/v1/batch.proto\"{\n\x10PeerContribution\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06groups\x18\x02 \x01(\r\x12\x13\n\x0b\x63ompletions\x18\x03 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x04 \x01(\x04\x12\x16\n\x0e\x61\x64vantage_mass\x18\x05 \x01(\x01\"\xe7\x02\n\x0bStepMetrics\x12\x0c\n\x04loss\x18\x01 \x01(\x01\x12\x13\n\x0breward_mean\x18\x02 \x01(\x01\x12\x19\n\x11local_reward_mean\x18\x03 \x01(\x01\x12\x19\n\x11\x63lip_fraction_low\x18\x04 \x01(\x01\x12\x1a\n\x12\x63lip_fraction_high\x18\x05 \x01(\x01\x12\x11\n\tgrad_norm\x18\x06 \x01(\x01\x12\x0f\n\x07\x65ntropy\x18\x07 \x01(\x01\x12\x19\n\x11\x63ompletion_tokens\x18\x08 \x01(\x04\x12\x14\n\x0cstep_seconds\x18\t \x01(\x01\x12\x19\n\x11local_completions\x18\n \x01(\x04\x12\x1c\n\x14\x65xternal_completions\x18\x0b \x01(\x04\x12\x30\n\rcontributions\x18\x0c \x03(\x0b\x32\x19.sapo.v1.PeerContribution\x12#\n\x06intake\x18\r \x03(\x0b\x32\x13.sapo.v1.PeerIntake\"\x93\x02\n\x0cPolicyUpdate\x12\x16\n\x0eschema_version\x18\x01 \x01(\r\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12\x14\n\x0cmanifest_uri\x18\x04 \x01(\t\x12\x17\n\x0fmanifest_sha256\x18\x05 \x01(\t\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12%\n\x07metrics\x18\x07 \x01(\x0b\x32\x14.sapo.v1.StepMetrics\x12\x10\n\x08\x62\x61tch_id\x18\x08 \x01(\t\x12\r\n\x05\x65poch\x18\t \x01(\x04\x12\x15\n\x08sequence\x18\n \x01(\x04H\x00\x88\x01\x01\x42\x0b\n\t_sequenceb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sapo.v1.policy_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_STEPMETRICS']._serialized_start=67
-  _globals['_STEPMETRICS']._serialized_end=339
-  _globals['_POLICYUPDATE']._serialized_start=342
-  _globals['_POLICYUPDATE']._serialized_end=617
+  _globals['_PEERCONTRIBUTION']._serialized_start=87
+  _globals['_PEERCONTRIBUTION']._serialized_end=210
+  _globals['_STEPMETRICS']._serialized_start=213
+  _globals['_STEPMETRICS']._serialized_end=572
+  _globals['_POLICYUPDATE']._serialized_start=575
+  _globals['_POLICYUPDATE']._serialized_end=850
 # @@protoc_insertion_point(module_scope)

@@ -1,15 +1,31 @@
 import datetime
 
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from sapo.v1 import batch_pb2 as _batch_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class PeerContribution(_message.Message):
+    __slots__ = ("node_id", "groups", "completions", "completion_tokens", "advantage_mass")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ADVANTAGE_MASS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    groups: int
+    completions: int
+    completion_tokens: int
+    advantage_mass: float
+    def __init__(self, node_id: _Optional[str] = ..., groups: _Optional[int] = ..., completions: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., advantage_mass: _Optional[float] = ...) -> None: ...
+
 class StepMetrics(_message.Message):
-    __slots__ = ("loss", "reward_mean", "local_reward_mean", "clip_fraction_low", "clip_fraction_high", "grad_norm", "entropy", "completion_tokens", "step_seconds", "local_completions", "external_completions")
+    __slots__ = ("loss", "reward_mean", "local_reward_mean", "clip_fraction_low", "clip_fraction_high", "grad_norm", "entropy", "completion_tokens", "step_seconds", "local_completions", "external_completions", "contributions", "intake")
     LOSS_FIELD_NUMBER: _ClassVar[int]
     REWARD_MEAN_FIELD_NUMBER: _ClassVar[int]
     LOCAL_REWARD_MEAN_FIELD_NUMBER: _ClassVar[int]
@@ -21,6 +37,8 @@ class StepMetrics(_message.Message):
     STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
     LOCAL_COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
     EXTERNAL_COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
+    CONTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
+    INTAKE_FIELD_NUMBER: _ClassVar[int]
     loss: float
     reward_mean: float
     local_reward_mean: float
@@ -32,7 +50,9 @@ class StepMetrics(_message.Message):
     step_seconds: float
     local_completions: int
     external_completions: int
-    def __init__(self, loss: _Optional[float] = ..., reward_mean: _Optional[float] = ..., local_reward_mean: _Optional[float] = ..., clip_fraction_low: _Optional[float] = ..., clip_fraction_high: _Optional[float] = ..., grad_norm: _Optional[float] = ..., entropy: _Optional[float] = ..., completion_tokens: _Optional[int] = ..., step_seconds: _Optional[float] = ..., local_completions: _Optional[int] = ..., external_completions: _Optional[int] = ...) -> None: ...
+    contributions: _containers.RepeatedCompositeFieldContainer[PeerContribution]
+    intake: _containers.RepeatedCompositeFieldContainer[_batch_pb2.PeerIntake]
+    def __init__(self, loss: _Optional[float] = ..., reward_mean: _Optional[float] = ..., local_reward_mean: _Optional[float] = ..., clip_fraction_low: _Optional[float] = ..., clip_fraction_high: _Optional[float] = ..., grad_norm: _Optional[float] = ..., entropy: _Optional[float] = ..., completion_tokens: _Optional[int] = ..., step_seconds: _Optional[float] = ..., local_completions: _Optional[int] = ..., external_completions: _Optional[int] = ..., contributions: _Optional[_Iterable[_Union[PeerContribution, _Mapping]]] = ..., intake: _Optional[_Iterable[_Union[_batch_pb2.PeerIntake, _Mapping]]] = ...) -> None: ...
 
 class PolicyUpdate(_message.Message):
     __slots__ = ("schema_version", "node_id", "version", "manifest_uri", "manifest_sha256", "created_at", "metrics", "batch_id", "epoch", "sequence")

@@ -3,6 +3,7 @@ committed only after the batch, recovery after a crash, and partitions taken awa
 
 from __future__ import annotations
 
+import collections
 import itertools
 import time
 from collections.abc import Sequence
@@ -176,6 +177,16 @@ def test_async_batches_mix_local_and_external_and_reject_bad_input() -> None:
     assert dlq == {b"answer_mismatch", b"undecodable"}
     consumed = node.registry.get_sample_value("sapo_sampler_groups_consumed_total", {"origin": "external"})
     assert consumed == 9
+    # Each batch carries the per-peer intake since the previous one: its used counts are its groups.
+    for batch in batches:
+        used = collections.Counter(bg.group.node_id for bg in batch.groups[2:])
+        assert {i.node_id: i.used for i in batch.intake if i.used} == used
+    received: collections.Counter[str] = collections.Counter()
+    for batch in batches:
+        received.update({i.node_id: i.received for i in batch.intake})
+    assert received.keys() <= {"peer-1", "peer-2", "peer-3"}  # own echo and junk named no peer
+    assert received["peer-1"] <= 2 and received["peer-2"] <= 2 and received["peer-3"] <= 3
+    assert received.total() >= 4  # at least the groups used (later arrivals go in the next batch)
 
 
 def test_offsets_are_committed_only_after_the_batch_is_acknowledged() -> None:

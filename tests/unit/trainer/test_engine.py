@@ -295,7 +295,18 @@ def test_step_metrics_say_how_many_local_and_external_completions_were_trained(
 ) -> None:
     """The run record derives the external groups' mean reward from these counts (reference metric)."""
     batch = _batches(model, tokenizer, questions)[0]  # local rewards 1, 0, 1; external 1, 0
+    batch.intake.add(node_id="node-peer", received=3, used=1, rejected={"no_signal": 2})
     metrics = step_metrics(_trainer(model, tokenizer, tmp_path).apply(batch))
+    assert list(metrics.intake) == list(batch.intake)  # the sampler's account, passed on
     assert (metrics.local_completions, metrics.external_completions) == (3, 2)
     assert metrics.reward_mean == pytest.approx(3 / 5)
     assert metrics.local_reward_mean == pytest.approx(2 / 3)
+    # Contribution accounting: the node's own groups under its id, the peer's under the peer's.
+    by_node = {c.node_id: c for c in metrics.contributions}
+    assert set(by_node) == {"node-a", "node-peer"}
+    assert (by_node["node-a"].groups, by_node["node-a"].completions) == (1, 3)
+    assert (by_node["node-peer"].groups, by_node["node-peer"].completions) == (1, 2)
+    assert sum(c.completion_tokens for c in metrics.contributions) == metrics.completion_tokens
+    for contribution, group in zip(("node-a", "node-peer"), batch.groups, strict=True):
+        mass = sum(abs(a) for a in group.advantages)
+        assert by_node[contribution].advantage_mass == pytest.approx(mass)
