@@ -58,4 +58,7 @@ image: ## Build the CPU image sapo-swarm:<version> with Debian tools (no Docker 
 bench: $(STAMP) ## Run the benchmarks (ratios against a baseline measured in the same run)
 	for b in bench/bench_*.py; do $(BIN)/python $$b || exit 1; done
 
-.PHONY: help setup tools swarm experiment test test-slow lint proto image bench
+bench-load: $(STAMP) ## Only the load bench: 1,000 nodes' signed groups into one sampler process (~6 min)
+	$(BIN)/python bench/bench_swarm_load.py
+
+.PHONY: help setup tools swarm experiment test test-slow lint proto image bench bench-load
