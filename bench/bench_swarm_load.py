@@ -57,6 +57,7 @@ a 16,000-group backlog): by that rate, ~6 s rounds are where one sampler stops k
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing as mp
 import os
 import random
@@ -267,12 +268,10 @@ def wait_ready(proc: subprocess.Popen[bytes], port_file: Path, timeout_s: float)
     while time.monotonic() < deadline and proc.poll() is None:
         if port_file.exists():
             base = f"http://127.0.0.1:{int(port_file.read_text())}"
-            try:
-                with urllib.request.urlopen(f"{base}/readyz", timeout=2) as resp:
-                    if resp.status == 200:
-                        return f"{base}/metrics"
-            except OSError:
-                pass  # 503 until recovered and assigned
+            # /readyz answers 503 (an OSError here) until the sampler recovered and was assigned.
+            with contextlib.suppress(OSError), urllib.request.urlopen(f"{base}/readyz", timeout=2) as resp:
+                if resp.status == 200:
+                    return f"{base}/metrics"
         time.sleep(0.2)
     raise RuntimeError(f"the sampler was not ready within {timeout_s} s (exit code {proc.poll()})")
 

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CollectorRegistry
 
 from sapo.kafka import (
     ConsumerLoop,
     DeadLetters,
+    Disposition,
     Handler,
     KafkaConsumerClient,
     KafkaPublisher,
+    Record,
     TransportMetrics,
 )
 from sapo.kafka.consumer import Prefilter
@@ -53,3 +57,16 @@ def make_loop(
         poll_timeout_s=0.2,
     )
     return loop, registry, publisher
+
+
+def read_topic(bootstrap: str, topic: str, idle_timeout_s: float = 8.0) -> list[Record]:
+    """Every record of a topic so far: a fresh consumer group reads it until idle."""
+    out: list[Record] = []
+
+    def keep(record: Record) -> Disposition:
+        out.append(record)
+        return Disposition.DONE
+
+    loop, _, _ = make_loop(bootstrap, f"{topic}.check.{time.monotonic_ns()}", [topic], keep)
+    loop.run(idle_timeout_s=idle_timeout_s)
+    return out

@@ -30,7 +30,7 @@ from sapo.trainer.settings import TrainerSettings
 from sapo.v1 import batch_pb2, rollout_pb2
 from tests.factories import make_group
 from tests.integration import trainer_support as ts
-from tests.integration.kafka_helpers import create_topics, make_loop
+from tests.integration.kafka_helpers import create_topics, make_loop, read_topic
 from tests.unit.trainer import builders as b
 
 pytestmark = pytest.mark.integration
@@ -172,23 +172,10 @@ def test_a_reasoning_length_batch_is_trained_and_acknowledged(
         if "dead_letter" in s.name and s.name.endswith("_total")
     ]
     assert dead and not [s for s in dead if s.value], dead  # nothing dead-lettered
-    (record,) = _read_all(kafka_bootstrap, topics.batches)
+    (record,) = read_topic(kafka_bootstrap, topics.batches)
     last = record.parts[-1]
     trainer_group = consumer_group(topic_prefix, ts.NODE, "trainer")
     assert _committed(kafka_bootstrap, trainer_group, last) == last.offset + 1  # every chunk acknowledged
-
-
-def _read_all(bootstrap: str, topic: str) -> list[Record]:
-    received: list[Record] = []
-
-    def collect(record: Record) -> Disposition:
-        received.append(record)
-        return Disposition.DONE
-
-    loop, _, _ = make_loop(bootstrap, f"{topic}.reader", [topic], collect)
-    loop.run(until=lambda: bool(received), idle_timeout_s=30)
-    loop.close()
-    return received
 
 
 def _committed(bootstrap: str, group: str, part: Record) -> int:

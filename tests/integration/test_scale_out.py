@@ -13,31 +13,17 @@ from typing import TypeVar
 import pytest
 from google.protobuf.message import Message
 
-from sapo.kafka import Disposition, Record
 from sapo.swarm.launcher import ServiceProcess, Swarm
 from sapo.swarm.manifest import Service, parse_manifest
 from sapo.topics import TopicNames
 from sapo.v1 import batch_pb2, policy_pb2, rollout_pb2
 from sapo.wire import decode
-from tests.integration.kafka_helpers import make_loop
+from tests.integration.kafka_helpers import read_topic
 
 pytestmark = pytest.mark.integration
 M = TypeVar("M", bound=Message)
 ROUNDS = 4
 QUESTIONS = 6
-
-
-def _read(bootstrap: str, topic: str) -> list[Record]:
-    """Every record of a topic so far (a fresh group, read until idle)."""
-    out: list[Record] = []
-
-    def keep(record: Record) -> Disposition:
-        out.append(record)
-        return Disposition.DONE
-
-    loop, _, _ = make_loop(bootstrap, f"{topic}.check.{time.monotonic_ns()}", [topic], keep)
-    loop.run(idle_timeout_s=8)
-    return out
 
 
 def _metric(process: ServiceProcess, name: str) -> float | None:
@@ -62,7 +48,7 @@ def _wait(condition: object, timeout_s: float, what: str) -> None:
 
 
 def _decoded(bootstrap: str, topic: str, cls: type[M]) -> list[M]:
-    return [decode(cls, r.value, 1 << 26) for r in _read(bootstrap, topic)]
+    return [decode(cls, r.value, 1 << 26) for r in read_topic(bootstrap, topic)]
 
 
 def _versions(swarm: Swarm, node: str) -> int:
@@ -116,9 +102,8 @@ def test_three_replicas_share_the_rounds_and_survive_a_sigkill(
     finally:
         swarm.stop()
 
-    groups = [
-        decode(rollout_pb2.RolloutGroup, r.value, 1 << 26) for r in _read(kafka_bootstrap, topics.rollouts)
-    ]
+    rollouts = read_topic(kafka_bootstrap, topics.rollouts)
+    groups = [decode(rollout_pb2.RolloutGroup, r.value, 1 << 26) for r in rollouts]
     ids: dict[tuple[int, int], set[str]] = defaultdict(set)
     for g in groups:
         ids[(g.round, g.position)].add(g.group_id)
@@ -127,7 +112,7 @@ def test_three_replicas_share_the_rounds_and_survive_a_sigkill(
     assert all(len(v) == 1 for v in ids.values())  # an item sampled twice is the same group
     assert len({g.round for g in groups if g.policy_version != g.round}) == 0  # lock-step kept
     batches = [
-        decode(batch_pb2.TrainingBatch, r.value, 1 << 26) for r in _read(kafka_bootstrap, topics.batches)
+        decode(batch_pb2.TrainingBatch, r.value, 1 << 26) for r in read_topic(kafka_bootstrap, topics.batches)
     ]
     assert sorted(b.sequence for b in batches) == list(range(ROUNDS))
     trained = [(bg.group.round, bg.group.position) for b in batches for bg in b.groups]
