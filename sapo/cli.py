@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from sapo.broker import DEFAULT_HOST, LIBRDKAFKA_LOG, BrokerError, EmbeddedBroker
+from sapo.broker import DEFAULT_HOST, LIBRDKAFKA_LOG, STORAGE_URL, BrokerError, EmbeddedBroker
 from sapo.conformance import cli as conformance_cli
 from sapo.identity import cli as keys_cli
 from sapo.inspect import cli as inspect_cli
@@ -76,6 +76,19 @@ def _add_broker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--host", default=DEFAULT_HOST, help="address to listen on and advertise (default: %(default)s)"
     )
+    parser.add_argument(
+        "--storage",
+        default=STORAGE_URL,
+        help="memory://tansu/ (default; gone on exit) or s3://BUCKET/ (durable; AWS_ACCESS_KEY_ID,"
+        " AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION and, for a local S3, AWS_ENDPOINT_URL from the"
+        " environment)",
+    )
+    parser.add_argument(
+        "--cluster-id",
+        default=None,
+        help="fixed cluster id; with s3:// storage, give the same one to find the data again after a"
+        " restart (default: a fresh one per start)",
+    )
 
 
 def _run_broker(args: argparse.Namespace) -> int:
@@ -86,9 +99,16 @@ def _run_broker(args: argparse.Namespace) -> int:
         log.info("received %s, stopping the broker", signal.Signals(signum).name)
         stop.set()
 
+    try:
+        broker = EmbeddedBroker(
+            port=args.port, host=args.host, storage=args.storage, cluster_id=args.cluster_id
+        )
+    except ValueError as exc:  # bad storage settings: say what to set, before anything starts
+        log.error("%s", exc)
+        return 2
     previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with EmbeddedBroker(port=args.port, host=args.host) as broker:
+        with broker:
             print(f"bootstrap={broker.bootstrap}", flush=True)
             log.info("broker log: %s", broker.log_path)
             while not stop.wait(0.5):

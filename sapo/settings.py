@@ -123,6 +123,13 @@ class ConsumerProfile(BaseModel):
         woken early (docs/architecture.md), so short timeouts keep tests and local swarms responsive."""
         return cls(session_timeout_ms=6000, heartbeat_interval_ms=1000, fetch_wait_max_ms=50)
 
+    @classmethod
+    def local_durable(cls) -> ConsumerProfile:
+        """The embedded broker on `s3://` storage: every fetch lists all stored batches of the partition,
+        and a fetch that waits less than that listing takes returns nothing, every time; 2 s covers a
+        partition of about a thousand batches on a loopback S3."""
+        return cls(session_timeout_ms=6000, heartbeat_interval_ms=1000, fetch_wait_max_ms=2000)
+
     def to_librdkafka(self) -> dict[str, str]:
         return {
             "session.timeout.ms": str(self.session_timeout_ms),

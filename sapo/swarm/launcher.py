@@ -90,6 +90,11 @@ class Swarm:
     broker: EmbeddedBroker | None = None
     bootstrap: str = ""
     recorder: SwarmRecorder | None = None
+    #: Consumer timing of every process; None: the embedded broker's when the swarm starts its own,
+    #: the defaults for a given bootstrap.
+    consumer: ConsumerProfile | None = None
+    #: Added to every service's environment (storage credentials, for one).
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def checkpoints(self) -> Path:
@@ -124,8 +129,12 @@ class Swarm:
                 replicas = node.generator_replicas if service == "generator" else 1
                 self.processes += [self.spawn(node, service, r) for r in range(replicas)]
 
+    def _consumer_profile(self) -> ConsumerProfile | None:
+        """The explicit profile, else the embedded broker's, else None (each service's defaults)."""
+        return self.consumer or (ConsumerProfile.local() if self.broker is not None else None)
+
     def _consumer_config(self) -> dict[str, str]:
-        profile = ConsumerProfile.local() if self.broker is not None else ConsumerProfile()
+        profile = self._consumer_profile() or ConsumerProfile()
         return {"bootstrap.servers": self.bootstrap} | profile.to_librdkafka()
 
     def _common_env(self, node: NodeSpec, service: Service, name: str, port_file: Path) -> dict[str, str]:
@@ -138,8 +147,9 @@ class Swarm:
             "http_port_file": str(port_file),
             "log_format": "text",
         }
-        if self.broker is not None:
-            values["consumer"] = ConsumerProfile.local().model_dump()
+        profile = self._consumer_profile()
+        if profile is not None:
+            values["consumer"] = profile.model_dump()
         return flatten_env(service, values)
 
     def spawn(self, node: NodeSpec, service: Service, replica: int = 0) -> ServiceProcess:
@@ -147,7 +157,7 @@ class Swarm:
         name = f"{node.id}-{service}" + (f"-{replica}" if replica else "")
         port_file = self.run_dir / "ports" / name
         port_file.unlink(missing_ok=True)
-        env = dict(os.environ)
+        env = dict(os.environ) | self.env
         env |= self._common_env(node, service, name, port_file)
         values = service_values(
             node, service, sharing_peers(self.manifest, node), swarm_profiles(self.manifest)

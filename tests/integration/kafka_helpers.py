@@ -26,10 +26,9 @@ def create_topics(bootstrap: str, *names: str) -> None:
     ensure_topics({"bootstrap.servers": bootstrap}, [TopicSpec(n) for n in names], timeout_s=30)
 
 
-def consumer(bootstrap: str, group: str) -> KafkaConsumerClient:
-    return KafkaConsumerClient(
-        {"bootstrap.servers": bootstrap} | ConsumerProfile.local().to_librdkafka(), group
-    )
+def consumer(bootstrap: str, group: str, profile: ConsumerProfile | None = None) -> KafkaConsumerClient:
+    timing = profile or ConsumerProfile.local()
+    return KafkaConsumerClient({"bootstrap.servers": bootstrap} | timing.to_librdkafka(), group)
 
 
 def make_loop(
@@ -41,13 +40,14 @@ def make_loop(
     service: str = "test",
     dlq_topic: str | None = None,
     prefilter: Prefilter | None = None,
+    profile: ConsumerProfile | None = None,
 ) -> tuple[ConsumerLoop, CollectorRegistry, KafkaPublisher]:
     registry = CollectorRegistry()
     metrics = TransportMetrics(registry, service)
     publisher = KafkaPublisher({"bootstrap.servers": bootstrap}, metrics)
     dead = DeadLetters(publisher, dlq_topic, service, metrics) if dlq_topic else None
     loop = ConsumerLoop(
-        consumer(bootstrap, group),
+        consumer(bootstrap, group, profile),
         topics,
         handler,
         stop=StopFlag(),
@@ -59,14 +59,17 @@ def make_loop(
     return loop, registry, publisher
 
 
-def read_topic(bootstrap: str, topic: str, idle_timeout_s: float = 8.0) -> list[Record]:
-    """Every record of a topic so far: a fresh consumer group reads it until idle."""
+def read_topic(
+    bootstrap: str, topic: str, idle_timeout_s: float = 8.0, profile: ConsumerProfile | None = None
+) -> list[Record]:
+    """Every record of a topic so far: a fresh consumer group reads it until idle (`idle_timeout_s`
+    must cover a few of the profile's fetch waits)."""
     out: list[Record] = []
 
     def keep(record: Record) -> Disposition:
         out.append(record)
         return Disposition.DONE
 
-    loop, _, _ = make_loop(bootstrap, f"{topic}.check.{time.monotonic_ns()}", [topic], keep)
+    loop, _, _ = make_loop(bootstrap, f"{topic}.check.{time.monotonic_ns()}", [topic], keep, profile=profile)
     loop.run(idle_timeout_s=idle_timeout_s)
     return out
