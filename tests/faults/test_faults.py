@@ -44,7 +44,7 @@ def _plan(nodes: int, short_rounds: int) -> ChaosPlan:
     return ChaosPlan(
         nodes=nodes,
         model=model,
-        rounds=int(os.environ.get("SAPO_SOAK_ROUNDS", "30")),
+        rounds=int(os.environ.get("SAPO_SOAK_ROUNDS", "40")),
         seed=int(os.environ.get("SAPO_SOAK_SEED", "1")),
         deadline_s=float(os.environ.get("SAPO_SOAK_DEADLINE_S", "5400")),
     )
