@@ -32,6 +32,11 @@ Delivery semantics (at-least-once in; batch ids out exactly once):
   or used (in an acknowledged batch), in metrics with a bounded peer label (`sapo.node.peers`) and
   in each batch's `intake` (the counts since the previous batch, `sapo.sampler.intake`), which the
   trainer copies into its step record. The intake counted since the last batch is lost on restart.
+- Warm start (`SAPO_SAMPLER_WARM_START__ENABLED`, `sapo.sampler.warm`): a node whose batch topic
+  holds no live batch first reads the swarm topic's history (`sapo.node.warm`, never committing),
+  through the same identification, decoding and screen as live records (`_judge`), and publishes
+  its warm-start batches before either stream is opened. An invalid history record is counted, not
+  dead-lettered: the live stream reads it again and dead-letters it then.
 - One sampler per node: it owns the batch sequence (run the Deployment with one replica). If a
   rebalance still takes partitions away, their pooled groups are dropped unfinished and forgotten by
   the dedupe set, so the new owner's copy is accepted.
@@ -45,7 +50,7 @@ import time
 from collections.abc import Callable
 from typing import Self
 
-from sapo.identity import IdentityError
+from sapo.identity import IdentityError, Sender
 from sapo.kafka import ConsumerClient, ConsumerLoop, DeadLetters, Disposition, Publisher, Record
 from sapo.kafka import TransportMetrics as Transport
 from sapo.kafka.records import TopicPartition
@@ -57,6 +62,7 @@ from sapo.node.metrics import SamplerMetrics
 from sapo.node.peers import PeerLabels
 from sapo.node.recovery import read_history
 from sapo.node.trained import TrainerFollower
+from sapo.node.warm import read_swarm_history
 from sapo.ops import Health
 from sapo.runtime import Runtime
 from sapo.sampler import (
@@ -67,6 +73,7 @@ from sapo.sampler import (
     SamplerCore,
     Scored,
     header_reason,
+    needs_warm_start,
     parse,
     sender_of,
 )
@@ -74,6 +81,7 @@ from sapo.sampler.intake import IntakeTally
 from sapo.sampler.settings import SamplerSettings
 from sapo.settings import ConfigError
 from sapo.topics import TopicNames
+from sapo.v1.rollout_pb2 import RolloutGroup
 from sapo.wire import InvalidMessageError, message_headers, now_timestamp
 
 log = logging.getLogger(__name__)
@@ -83,6 +91,8 @@ IDLE_WAIT_S = 0.02
 """Pause of a step in which neither stream had a record (polls are non-blocking so that one busy
 stream is never slowed down by waiting on the other)."""
 PUBLISH_TIMEOUT_S = 30.0
+Admit = Callable[[RolloutGroup, Sender, float], str | None]
+"""Takes a decoded group from its sender at a time: None when taken, else the reason it was not."""
 
 
 class SamplerService:
@@ -105,6 +115,7 @@ class SamplerService:
         identity: IdentityGate | None = None,
         lease: Lease | None = None,
         trainer_client: ConsumerClient | None = None,
+        warm_client: ConsumerClient | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._settings = settings
@@ -118,6 +129,7 @@ class SamplerService:
         self._clock = clock
         self._transport = transport
         self._dead_letters = dead_letters
+        self._warm_client = warm_client
         self.core: SamplerCore[Record] = build_sampler_core(settings, history)
         self._intake = IntakeTally()
         self._jumped(
@@ -183,6 +195,9 @@ class SamplerService:
             if not identity.catch_up(idle_s, timeout_s, runtime.health.beat):
                 return None
         runtime.health.set("recovered", True)
+        warm_client = None  # never commits, so each start reads the history afresh (sapo.node.warm)
+        if settings.warm_start.enabled and needs_warm_start(history):
+            warm_client = runtime.consumer("sampler-warm", swarm=True, per_process=True)
         shortfall = settings.external_shortfall()
         if shortfall is not None:
             log.warning("%s", shortfall)
@@ -201,6 +216,7 @@ class SamplerService:
             identity=identity,
             lease=lease,
             trainer_client=runtime.consumer("sampler-policy", per_process=True),
+            warm_client=warm_client,
         )
 
     @property
@@ -212,6 +228,8 @@ class SamplerService:
         """Consume and emit until the stop flag is set."""
         if self.trainer is not None:
             self.trainer.open()
+        if not self._warm_start():
+            return
         self.local.open()
         self.swarm.open()
         while not self._stop.is_set():
@@ -270,7 +288,20 @@ class SamplerService:
         return Disposition.HELD
 
     def _admit(self, origin: Origin, record: Record) -> str | None:
-        """Identify (before decoding), decode and admit one record; the reason it was not pooled."""
+        """Identify, decode and admit one live record; the reason it was not pooled."""
+
+        def admit(group: RolloutGroup, sender: Sender, now: float) -> str | None:
+            previous = self.core.sequence
+            reason = self.core.admit(group, origin, record, now, sender)
+            why = f"local group {group.group_id} sampled with policy v{group.policy_version}"
+            self._jumped(previous, why)
+            return reason
+
+        return self._judge(origin, record, admit)
+
+    def _judge(self, origin: Origin, record: Record, admit: Admit) -> str | None:
+        """Identify (before decoding) and decode one record, then `admit` it and count the verdict per
+        peer; the reason it was not taken. The one path of live and warm-start records."""
         now = self._clock()
         node, gate = self._settings.node_id, self._identity
         sender = sender_of(record.headers, record.value, origin, node_id=node, store=gate, now_s=now)
@@ -280,14 +311,66 @@ class SamplerService:
         try:
             group = parse(record.value, self._settings.max_payload_bytes, record.headers)
             peer = peer or group.node_id
-            previous = self.core.sequence
-            reason = self.core.admit(group, origin, record, now, sender)
+            reason = admit(group, sender, now)
         except InvalidMessageError as exc:
             self._peer_verdict(origin, peer, exc.reason)
             raise
-        self._jumped(previous, f"local group {group.group_id} sampled with policy v{group.policy_version}")
         self._peer_verdict(origin, peer, reason)
         return reason
+
+    def _warm_start(self) -> bool:
+        """Train on the swarm's history first when the node has trained nothing (`sapo.sampler.warm`);
+        False when stopped meanwhile."""
+        warm = self.core.warm_start(self._settings.warm_start.config()) if self._warm_client else None
+        if warm is None or self._warm_client is None:
+            return True
+        topic, settings, metrics = self._topics.swarm_rollouts, self._settings, self._metrics
+
+        def on_record(record: Record) -> None:
+            metrics.warm_read.inc()
+            try:
+                reason = header_reason(record.headers, "external", self.core.screen.cfg)
+                if reason is None:
+                    reason = self._judge(
+                        "external", record, lambda group, sender, now: warm.admit(group, record, now, sender)
+                    )
+            except InvalidMessageError as exc:  # the live stream reads it again and dead-letters it
+                reason = exc.reason
+            if reason is not None:
+                metrics.warm_rejected.labels(reason).inc()
+
+        log.info("warm start: reading the retained history of %s", topic)
+        started_ms = int(self._clock() * 1000)
+        if not read_swarm_history(
+            self._warm_client,
+            topic,
+            on_record,
+            started_ms=started_ms,
+            max_bytes=settings.max_payload_bytes,
+            idle_s=settings.recovery_idle_s,
+            timeout_s=settings.recovery_timeout_s,
+            stop=self._stop,
+            beat=self._health.beat,
+        ):
+            return False
+        assemblies = warm.plan(self.core.sequence, self.core.history.next_round)
+        for discard in warm.take_discards():  # evicted or unused: nothing to finish, never consumed
+            metrics.warm_rejected.labels(discard.reason).inc()
+            self._metrics.peers.rejected(discard.entry.scored.peer, discard.reason)
+            self._intake.rejected(discard.entry.scored.peer, discard.reason)
+        for assembly in assemblies:
+            self._publish(assembly)
+        used = sum(len(a.external) for a in assemblies)
+        log.info(
+            "warm start: %d history groups read, %d used in %d batches (sequence %d next; rejected: %s)",
+            warm.read,
+            used,
+            len(assemblies),
+            self.core.sequence,
+            dict(warm.rejected.most_common()) or "none",
+        )
+        self.core.joined()
+        return True
 
     def _peer_verdict(self, origin: Origin, peer: str, reason: str | None) -> None:
         """Per-peer accounting of a swarm group whose sender is established (`sapo.node.peers`)."""
@@ -333,15 +416,20 @@ class SamplerService:
         headers = message_headers("TrainingBatch", node, value)
         key = batch.batch_id.encode()
         self._publisher.send_sync(self._topics.batches, key, value, headers, timeout_s=PUBLISH_TIMEOUT_S)
-        for entry in entries:
-            self._loop_of(entry.handle).finish(entry.handle)
+        if assembly.warm:  # history is read, never consumed: no offset to finish (sapo.node.warm)
+            self._metrics.warm_batches.inc()
+            self._metrics.warm_used.inc(len(entries))
+        else:
+            for entry in entries:
+                self._loop_of(entry.handle).finish(entry.handle)
         self._observe_batch(assembly, [e.scored for e in entries])
         log.info(
-            "emitted %s: %d local + %d external groups (round %s)",
+            "emitted %s: %d local + %d external groups (round %s%s)",
             batch.batch_id,
             len(assembly.local),
             len(assembly.external),
             batch.round,
+            ", warm start" if assembly.warm else "",
         )
         self.core.emitted()
 
@@ -354,7 +442,7 @@ class SamplerService:
         for scored in groups:
             if scored.origin == "local":
                 self._metrics.staleness.observe(max(0, self.sequence - scored.group.policy_version))
-            if scored.completed_s > 0:
+            if scored.completed_s > 0 and not assembly.warm:  # history's age would swamp the live one's
                 self._metrics.age.labels(scored.origin).observe(max(0.0, now - scored.completed_s))
 
     def _settle_discards(self) -> None:

@@ -88,11 +88,13 @@ class AssemblyConfig:
 
 @dataclass(frozen=True)
 class Assembly(Generic[H]):
-    """The groups of one batch; `round` is the lock-step round (None in the streaming modes)."""
+    """The groups of one batch; `round` is the lock-step round (None in the streaming modes and for
+    warm-start batches, `warm`: `sapo.sampler.warm`)."""
 
     local: list[Entry[H]]
     external: list[Entry[H]]
     round: int | None = None
+    warm: bool = False
 
     @property
     def entries(self) -> list[Entry[H]]:
