@@ -1,6 +1,7 @@
 """Does warm start help a late node? A paired, in-process measurement (`results/late-join`).
 
-    python -m sapo.experiment.latejoin --out results/late-join --seeds 0 1 2 --before 20 --live 20
+    python -m sapo.experiment.latejoin --out results/late-join --seeds 0 1 2 3 4 --before 20 --live 20
+    python -m sapo.experiment.latejoin --out results/late-join --seeds 0 1 2 3 4 --report-only
 
 Per seed, one in-process lock-step swarm (`sapo.swarm.inprocess`): `--peers` nodes of `--model` run
 from round 0; at round `--before` two late nodes join, identical in everything (initial weights,
@@ -65,18 +66,33 @@ def live_rewards(run_dir: Path, node: str, first_round: int) -> list[float]:
     return [r["reward_mean"] for r in sorted(rows, key=lambda r: r["round"]) if r["round"] >= first_round]
 
 
-def run_seed(seed: int, args: argparse.Namespace) -> dict[str, Any]:
-    run_dir = args.out / "runs" / f"s{seed}"
+def run_seed(seed: int, args: argparse.Namespace) -> float:
+    """Run one seed's swarm; its wall time in seconds."""
     started = time.perf_counter()
     with (args.out / "runs" / f"s{seed}.log").open("w") as log:
-        swarm = InProcessSwarm(manifest(seed, args), run_dir, joins=dict.fromkeys(ARMS, args.before))
+        swarm = InProcessSwarm(
+            manifest(seed, args), _run_dir(seed, args), joins=dict.fromkeys(ARMS, args.before)
+        )
         if swarm.run(out=log) != 0:
             raise SystemExit(f"seed {seed}: the swarm stopped early (see {log.name})")
+    return time.perf_counter() - started
+
+
+def collect(seed: int, args: argparse.Namespace, seconds: float | None) -> dict[str, Any]:
+    """One seed's live-round rewards from its run record: each late node's, and the peers' mean
+    over the same rounds (how far the late nodes are from the swarm they joined)."""
+    run_dir = _run_dir(seed, args)
+    peers = [live_rewards(run_dir, f"peer-{i + 1}", args.before) for i in range(args.peers)]
     return {
         "seed": seed,
-        "seconds": time.perf_counter() - started,
+        "seconds": seconds,
         **{arm: live_rewards(run_dir, arm, args.before) for arm in ARMS},
+        "peers": [statistics.fmean(values) for values in zip(*peers, strict=True)],
     }
+
+
+def _run_dir(seed: int, args: argparse.Namespace) -> Path:
+    return Path(args.out) / "runs" / f"s{seed}"
 
 
 def interval(runs: list[dict[str, Any]], rounds: slice) -> dict[str, float]:
@@ -84,9 +100,8 @@ def interval(runs: list[dict[str, Any]], rounds: slice) -> dict[str, float]:
         [w - c for w, c in zip(r["late-warm"][rounds], r["late-cold"][rounds], strict=True)] for r in runs
     ]
     i = paired_interval(diffs)
-    warm = statistics.fmean(v for r in runs for v in r["late-warm"][rounds])
-    cold = statistics.fmean(v for r in runs for v in r["late-cold"][rounds])
-    return {"warm": warm, "cold": cold, "delta": i.effect, "low": i.low, "high": i.high}
+    warm, cold, peers = (statistics.fmean(v for r in runs for v in r[k][rounds]) for k in (*ARMS, "peers"))
+    return {"warm": warm, "cold": cold, "peers": peers, "delta": i.effect, "low": i.low, "high": i.high}
 
 
 def report(runs: list[dict[str, Any]], args: argparse.Namespace, command: str) -> str:
@@ -96,7 +111,8 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace, command: str) -
         f"all {args.live} live rounds": slice(0, args.live),
     }
     results = {name: interval(runs, s) for name, s in windows.items()}
-    summary = {"args": {k: str(v) for k, v in vars(args).items()}, "results": results, "runs": runs}
+    arguments = {k: str(v) for k, v in vars(args).items() if k != "report_only"}
+    summary = {"command": command, "args": arguments, "results": results, "runs": runs}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     lines = [
         "# Late join: warm start against none",
@@ -107,30 +123,59 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace, command: str) -
         f"`late-cold` join for {args.live} live rounds; seeds {args.seeds}. On-policy reward of the late "
         "nodes' own rounds; Δ = warm − cold, paired by seed and round, 95% Student t over seeds.",
         "",
-        "| live rounds | warm | cold | Δ [95%] |",
-        "|---|---|---|---|",
+        "| live rounds | warm | cold | Δ warm − cold [95%] | peers (same rounds) |",
+        "|---|---|---|---|---|",
         *(
             f"| {name} | {r['warm']:.3f} | {r['cold']:.3f} | {r['delta']:+.3f} "
-            f"[{r['low']:+.3f}, {r['high']:+.3f}] |"
+            f"[{r['low']:+.3f}, {r['high']:+.3f}] | {r['peers']:.3f} |"
             for name, r in results.items()
         ),
         "",
-        "Per live round (mean over seeds):",
+        "Per live round (mean over seeds; `curves.png`):",
         "",
-        "| live round | warm | cold |",
-        "|---|---|---|",
+        "| live round | warm | cold | peers |",
+        "|---|---|---|---|",
         *(
-            f"| {k + 1} | {statistics.fmean(r['late-warm'][k] for r in runs):.3f} | "
-            f"{statistics.fmean(r['late-cold'][k] for r in runs):.3f} |"
+            f"| {k + 1} | " + " | ".join(f"{_mean_at(runs, key, k):.3f}" for key in (*ARMS, "peers")) + " |"
             for k in range(args.live)
         ),
         "",
-        "Wall time per seed: " + ", ".join(f"s{r['seed']} {r['seconds'] / 60:.1f} min" for r in runs),
+        "Wall time per seed: "
+        + ", ".join(f"s{r['seed']} {r['seconds'] / 60:.1f} min" for r in runs if r["seconds"] is not None),
         "",
     ]
+    plot(runs, args, args.out / "curves.png")
     text = "\n".join(lines)
     (args.out / "report.md").write_text(text)
     return text
+
+
+def _mean_at(runs: list[dict[str, Any]], key: str, k: int) -> float:
+    return statistics.fmean(r[key][k] for r in runs)
+
+
+def plot(runs: list[dict[str, Any]], args: argparse.Namespace, path: Path) -> None:
+    """The mean over seeds of each late node's and the peers' reward per live round."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    x = list(range(1, args.live + 1))
+    for key, label in (
+        ("late-warm", "late node, warm start"),
+        ("late-cold", "late node, none"),
+        ("peers", "peers"),
+    ):
+        ax.plot(x, [_mean_at(runs, key, k) for k in range(args.live)], label=label)
+    ax.set_xlabel(f"live round (swarm round - {args.before})")
+    ax.set_ylabel(f"on-policy reward (mean of {len(runs)} seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,12 +188,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tail", type=int, default=5, help="Live rounds at the end that are read.")
     parser.add_argument("--model", default="warm-bpe:{seed}", help="Model of every node ({seed} filled).")
     parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--report-only", action="store_true", help="Re-read the runs of --out; run nothing.")
     args = parser.parse_args(argv)
     if not 1 <= args.tail <= args.live or args.before < 1:
         parser.error("need --before >= 1 and 1 <= --tail <= --live")
     (args.out / "runs").mkdir(parents=True, exist_ok=True)
     command = "python -m sapo.experiment.latejoin " + " ".join(argv if argv is not None else sys.argv[1:])
-    runs = [run_seed(seed, args) for seed in args.seeds]
+    if args.report_only:
+        previous = json.loads((args.out / "summary.json").read_text())
+        seconds = {r["seed"]: r["seconds"] for r in previous["runs"]}
+        command = previous.get("command", command)
+        runs = [collect(seed, args, seconds.get(seed)) for seed in args.seeds]
+    else:
+        runs = [collect(seed, args, run_seed(seed, args)) for seed in args.seeds]
     sys.stdout.write(report(runs, args, command))
     return 0
 

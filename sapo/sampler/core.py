@@ -117,7 +117,7 @@ class SamplerCore(Generic[H]):
     def joined(self) -> None:
         """Warm start is over: lock-step waits for the round of the next sequence (the version the
         trainer will announce once it trained the warm batches)."""
-        self.assembler.skip_to_round(self.sequence)
+        self.assembler.skip_to_round(self.sequence, expected=True)
 
     def follow_trainer(self, next_sequence: int, version: int) -> int | None:
         """The trainer accepts sequences from `next_sequence` on and announced `version`: number the
