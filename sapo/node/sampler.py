@@ -62,12 +62,13 @@ from sapo.node.metrics import SamplerMetrics
 from sapo.node.peers import PeerLabels
 from sapo.node.recovery import read_history
 from sapo.node.trained import TrainerFollower
-from sapo.node.warm import read_swarm_history
+from sapo.node.warm import Admit, run_warm_start
 from sapo.ops import Health
 from sapo.runtime import Runtime
 from sapo.sampler import (
     ORIGINS,
     Assembly,
+    Discard,
     History,
     Origin,
     SamplerCore,
@@ -91,8 +92,6 @@ IDLE_WAIT_S = 0.02
 """Pause of a step in which neither stream had a record (polls are non-blocking so that one busy
 stream is never slowed down by waiting on the other)."""
 PUBLISH_TIMEOUT_S = 30.0
-Admit = Callable[[RolloutGroup, Sender, float], str | None]
-"""Takes a decoded group from its sender at a time: None when taken, else the reason it was not."""
 
 
 class SamplerService:
@@ -319,58 +318,36 @@ class SamplerService:
         return reason
 
     def _warm_start(self) -> bool:
-        """Train on the swarm's history first when the node has trained nothing (`sapo.sampler.warm`);
+        """Train on the swarm's history first when the node has trained nothing (`sapo.node.warm`);
         False when stopped meanwhile."""
         warm = self.core.warm_start(self._settings.warm_start.config()) if self._warm_client else None
         if warm is None or self._warm_client is None:
             return True
-        topic, settings, metrics = self._topics.swarm_rollouts, self._settings, self._metrics
-
-        def on_record(record: Record) -> None:
-            metrics.warm_read.inc()
-            try:
-                reason = header_reason(record.headers, "external", self.core.screen.cfg)
-                if reason is None:
-                    reason = self._judge(
-                        "external", record, lambda group, sender, now: warm.admit(group, record, now, sender)
-                    )
-            except InvalidMessageError as exc:  # the live stream reads it again and dead-letters it
-                reason = exc.reason
-            if reason is not None:
-                metrics.warm_rejected.labels(reason).inc()
-
-        log.info("warm start: reading the retained history of %s", topic)
-        started_ms = int(self._clock() * 1000)
-        if not read_swarm_history(
+        return run_warm_start(
+            self.core,
+            warm,
             self._warm_client,
-            topic,
-            on_record,
-            started_ms=started_ms,
-            max_bytes=settings.max_payload_bytes,
-            idle_s=settings.recovery_idle_s,
-            timeout_s=settings.recovery_timeout_s,
+            self._topics.swarm_rollouts,
+            self._settings,
+            judge=functools.partial(self._judge, "external"),
+            publish=self._publish,
+            discarded=self._warm_discarded,
+            metrics=self._metrics,
             stop=self._stop,
-            beat=self._health.beat,
-        ):
-            return False
-        assemblies = warm.plan(self.core.sequence, self.core.history.next_round)
-        for discard in warm.take_discards():  # evicted or unused: nothing to finish, never consumed
-            metrics.warm_rejected.labels(discard.reason).inc()
-            self._metrics.peers.rejected(discard.entry.scored.peer, discard.reason)
-            self._intake.rejected(discard.entry.scored.peer, discard.reason)
-        for assembly in assemblies:
-            self._publish(assembly)
-        used = sum(len(a.external) for a in assemblies)
-        log.info(
-            "warm start: %d history groups read, %d used in %d batches (sequence %d next; rejected: %s)",
-            warm.read,
-            used,
-            len(assemblies),
-            self.core.sequence,
-            dict(warm.rejected.most_common()) or "none",
+            beat=self._warm_beat,
+            now_s=self._clock(),
         )
-        self.core.joined()
-        return True
+
+    def _warm_discarded(self, discard: Discard[Record]) -> None:
+        """A kept history group evicted or left unused: counted per peer (nothing to finish)."""
+        self._metrics.peers.rejected(discard.entry.scored.peer, discard.reason)
+        self._intake.rejected(discard.entry.scored.peer, discard.reason)
+
+    def _warm_beat(self) -> None:
+        """Alive, and still the lease holder (renewed), however long the history takes to read."""
+        self._health.beat()
+        if self._lease is not None:
+            self._lease.check()
 
     def _peer_verdict(self, origin: Origin, peer: str, reason: str | None) -> None:
         """Per-peer accounting of a swarm group whose sender is established (`sapo.node.peers`)."""
