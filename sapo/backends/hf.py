@@ -23,9 +23,10 @@ How a batch is laid out and read back:
 - Quantized rollouts (``quantization="int8-dynamic"``, CPU only): sampling runs on a copy of the policy
   whose linear layers hold int8 weights with per-call activation scales (torch's dynamic quantization;
   the model's own weights stay fp32 and are what ``load_weights`` updates, re-quantizing the copy).
-  About 2.4x faster sampling for the 135M model on this project's 2-core CPUs (`bench_cpu_generation`);
-  the behaviour log-probs are then those of the approximation, which the group says
-  (``SamplingParams.quantization``) so that the trainer importance-weights those rows.
+  2.6-3.7x faster sampling for the 135M model on a 2-core CPU, but the copy is a different policy: its
+  log-probs are ~0.85 nats per sampled token from the fp32 policy's (`bench/bench_cpu_generation.py`).
+  The group says it sampled from an approximation (``SamplingParams.quantization``) so that the
+  trainer importance-weights those rows; off by default.
 - Seeded batches draw every row from its own generator (``_RowSampler``, seeded with
   ``sample_seed(seed of its prompt, sample index)``), not from torch's global one, so a prompt's
   completions do not depend on which other prompts share the call: a work item sampled again in
@@ -71,8 +72,8 @@ def quantize_int8_dynamic(model: PreTrainedModel) -> PreTrainedModel:
     activations per call); ``model`` is left as it is.
 
     torch marks ``torch.ao.quantization`` deprecated in favour of torchao, but torchao's int8 configs
-    were no faster than fp32 on CPU without ``torch.compile`` (measured: bench_cpu_generation's notes),
-    while this path is ~2.4x faster; the torch version is pinned, and a build without it fails at start.
+    were no faster than fp32 on CPU without ``torch.compile`` (bench_cpu_generation's notes), while this
+    path is several times faster; the torch version is pinned, and a build without it fails at start.
     """
     quantize_dynamic = getattr(getattr(torch, "ao", None), "quantization", None)
     if quantize_dynamic is None or not hasattr(quantize_dynamic, "quantize_dynamic"):
