@@ -42,6 +42,8 @@ from tests.s3 import S3Server
 MAX_BYTES = 1 << 26
 PROFILE = ConsumerProfile.local_durable()
 SERVICES = ("generator", "sampler", "trainer")
+#: Shorter than the default 30 s so that a killed holder's successor takes over sooner.
+LEASE_TTL_S = 12.0
 
 
 @dataclass(frozen=True)
@@ -153,12 +155,15 @@ def _manifest(plan: ChaosPlan, bootstrap: str, prefix: str, store: str) -> objec
                 # is late by construction and each must end in a batch.
                 # Every local group is trained, signal or not (the reference's baseline), so the
                 # accounting follows each one into a batch rather than into a "no signal" count.
+                # The lease outlives a broker outage (pause + restart + client reconnect), as the
+                # default 30 s does; a holder that cannot renew within it stops by design (fencing) and
+                # is restarted, which the run would count as an unplanned exit.
                 "sampler": {
                     "lockstep_local_timeout_s": 600,
-                    "lease_ttl_s": 6,
+                    "lease_ttl_s": LEASE_TTL_S,
                     "keep_local_zero_advantage": True,
                 },
-                "trainer": {"lease_ttl_s": 6},
+                "trainer": {"lease_ttl_s": LEASE_TTL_S},
             },
             "nodes": [{"id": f"node-{i}", "seed": 10 + i} for i in range(plan.nodes)],
         }
