@@ -44,13 +44,19 @@ def shared_prompt_logprobs(model: nn.Module, batch: PackedBatch, temperature: fl
         group_of_row[rows] = g
     first_logits, cache = _prompt_pass(model, batch, [rows[0] for rows in groups], starts)
     cache.batch_select_indices(group_of_row)
+    inputs = int(lengths.max().item()) - 1
+    # Both passes before any scoring, so a token id outside the vocabulary fails in the embedding
+    # lookup, as in `policy_logprobs`, rather than in a gather.
+    logits = (
+        _completion_pass(model, batch, cache, starts=starts, lengths=lengths, inputs=inputs)
+        if inputs > 0
+        else None
+    )
     first, first_entropy = score_targets(
         first_logits[group_of_row].unsqueeze(1), _completion_columns(batch.input_ids, starts, 1), temperature
     )
     scored, entropy = [first], [first_entropy]
-    inputs = int(lengths.max().item()) - 1
-    if inputs > 0:
-        logits = _completion_pass(model, batch, cache, starts=starts, lengths=lengths, inputs=inputs)
+    if logits is not None:
         targets = _completion_columns(batch.input_ids, starts + 1, inputs)
         rest, rest_entropy = score_targets(logits, targets, temperature)
         scored.append(rest)
