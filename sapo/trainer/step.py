@@ -22,9 +22,10 @@ gradient of the whole batch whatever the token budget.
 
 Rows are packed separately per (temperature, mode, prompt length): log-probs need the temperature the
 group was sampled with, one mode per micro-batch keeps the loss call simple, and `plan_micro_batches`
-says why prompt lengths are not mixed. Models stay in eval mode (no dropout: the ratios compare
-deterministic policies); gradient checkpointing, which transformers only applies to layers in training
-mode, flips that flag on the checkpointed layers alone.
+says why prompt lengths are not mixed. The completions of one prompt are scored on one computation of
+it (`sapo.grpo.shared_prompt`), except under gradient checkpointing. Models stay in eval mode (no
+dropout: the ratios compare deterministic policies); gradient checkpointing, which transformers only
+applies to layers in training mode, flips that flag on the checkpointed layers alone.
 
 A step whose gradient norm is not finite is not applied (counted in `StepStats.skipped_updates`): one
 NaN update would poison the weights of every later version.
