@@ -5,9 +5,18 @@ by hand-computed examples and against TRL 1.16's GRPOTrainer.
 """
 
 from sapo.grpo.advantages import AdvantageScale, group_advantages, has_signal
-from sapo.grpo.layout import PackedBatch, TrainSample, pack, split_by_token_budget, with_eos
+from sapo.grpo.layout import (
+    PackedBatch,
+    TrainSample,
+    pack,
+    prompt_groups,
+    split_by_shared_prompt_budget,
+    split_by_token_budget,
+    with_eos,
+)
 from sapo.grpo.logprobs import TokenLogprobs, policy_logprobs, token_logprobs
 from sapo.grpo.loss import DEFAULT_LOSS_CONFIG, LossConfig, LossMetrics, combine_metrics, grpo_loss
+from sapo.grpo.shared_prompt import shared_prompt_logprobs
 
 __all__ = [
     "DEFAULT_LOSS_CONFIG",
@@ -23,6 +32,9 @@ __all__ = [
     "has_signal",
     "pack",
     "policy_logprobs",
+    "prompt_groups",
+    "shared_prompt_logprobs",
+    "split_by_shared_prompt_budget",
     "split_by_token_budget",
     "token_logprobs",
     "with_eos",

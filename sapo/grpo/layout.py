@@ -11,7 +11,7 @@ pad-id mask would silently drop the EOS token, which must be trained so the mode
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -188,3 +188,65 @@ def split_by_token_budget(batch: PackedBatch, max_tokens: int) -> list[PackedBat
         else:
             groups.append([row])
     return [batch.select(group) for group in groups]
+
+
+def prompt_lengths(batch: PackedBatch) -> Tensor:
+    """(B,) prompt length of each row: the column of its first completion token."""
+    return batch.completion_mask.to(torch.int8).argmax(dim=1)
+
+
+def prompt_groups(batch: PackedBatch) -> list[list[int]]:
+    """Rows grouped by identical prompt ids, groups and rows in order of first appearance.
+
+    Equal ids, not equal questions, decide: only rows whose prompt tokens are the same can share one
+    computation of them (the completions of one group do, local or re-rendered by our template).
+    """
+    starts = prompt_lengths(batch).tolist()
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for row, start in enumerate(starts):
+        groups.setdefault(tuple(batch.input_ids[row, :start].tolist()), []).append(row)
+    return list(groups.values())
+
+
+def shared_prompt_cost(prompt_lengths: Sequence[int], completion_lengths: Sequence[int]) -> int:
+    """Padded tokens through the model when each distinct prompt runs once and every row's completion
+    runs on top of its prompt's cache: distinct prompts x longest prompt + rows x longest completion."""
+    return len(prompt_lengths) * max(prompt_lengths) + len(completion_lengths) * max(completion_lengths)
+
+
+def split_by_shared_prompt_budget(batch: PackedBatch, max_tokens: int) -> list[PackedBatch]:
+    """Micro-batches that keep each prompt's rows together, with `shared_prompt_cost` within `max_tokens`.
+
+    Groups are taken longest completion first and rows within a group likewise, so little of the
+    completion pass is padding. A group that does not fit a micro-batch of its own is cut into runs
+    of rows that do (each run computes the prompt again); a single row over the budget goes alone.
+    """
+    if max_tokens <= 0:
+        raise ValueError(f"max_tokens must be positive; got {max_tokens}")
+    starts = prompt_lengths(batch).tolist()
+    completions = (batch.row_lengths - prompt_lengths(batch)).tolist()
+    groups = [sorted(g, key=lambda r: (-completions[r], r)) for g in prompt_groups(batch)]
+    groups.sort(key=lambda g: -completions[g[0]])
+    planned: list[list[list[int]]] = []  # micro-batches, each a list of prompt groups (lists of rows)
+
+    def cost(part: list[list[int]]) -> int:
+        return shared_prompt_cost([starts[g[0]] for g in part], [completions[r] for g in part for r in g])
+
+    for group in groups:
+        for run in _runs_within(group, lambda rows: cost([rows]) <= max_tokens):
+            if planned and cost([*planned[-1], run]) <= max_tokens:
+                planned[-1].append(run)
+            else:
+                planned.append([run])
+    return [batch.select([r for run in part for r in run]) for part in planned]
+
+
+def _runs_within(rows: list[int], fits: Callable[[list[int]], bool]) -> list[list[int]]:
+    """`rows` cut, in order, into the fewest consecutive runs that each `fits` (a run of one always does)."""
+    runs: list[list[int]] = []
+    for row in rows:
+        if runs and fits([*runs[-1], row]):
+            runs[-1].append(row)
+        else:
+            runs.append([row])
+    return runs

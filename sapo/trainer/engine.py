@@ -98,6 +98,9 @@ class Trainer:
         pad = tokenizer.pad_token_id
         self.pad_token_id = int(pad) if pad is not None else self.builder.eos_token_id
         self.gradient_checkpointing = gradient_checkpointing
+        self.share_prompts = not gradient_checkpointing
+        """Compute each distinct prompt of a micro-batch once (`sapo.grpo.shared_prompt`). Off under
+        gradient checkpointing, which runs without the key/value cache that sharing is built on."""
         if gradient_checkpointing:
             model.activation_checkpointing_enable()
         model.eval()  # type: ignore[no-untyped-call]
@@ -124,7 +127,12 @@ class Trainer:
         built = self.builder.build(batch, self.state.version)
         stats: StepStats | None = None
         if built.rows:
-            micro = plan_micro_batches(built.rows, self.pad_token_id, self.step_config.micro_batch_tokens)
+            micro = plan_micro_batches(
+                built.rows,
+                self.pad_token_id,
+                self.step_config.micro_batch_tokens,
+                share_prompts=self.share_prompts,
+            )
             layers = (
                 checkpointed_layers_training(self.model)
                 if self.gradient_checkpointing

@@ -75,8 +75,9 @@ class TrainerSettings(
         4096,
         ge=16,
         le=1_048_576,
-        description="Padded tokens (rows x longest row) per forward pass; bounds activation memory. The "
-        "loss is normalized by the whole batch's completion tokens, so results do not depend on it.",
+        description="Padded tokens per forward pass; bounds activation memory. Rows sharing a prompt count "
+        "it once (distinct prompts x longest prompt + rows x longest completion), otherwise rows x longest "
+        "row. The loss is normalized by the whole batch's completion tokens, so results do not depend on it.",
     )
 
     # --- GRPO loss ---------------------------------------------------------------------------------------

@@ -22,9 +22,10 @@ gradient of the whole batch whatever the token budget.
 
 Rows are packed separately per (temperature, mode, prompt length): log-probs need the temperature the
 group was sampled with, one mode per micro-batch keeps the loss call simple, and `plan_micro_batches`
-says why prompt lengths are not mixed. Models stay in eval mode (no dropout: the ratios compare
-deterministic policies); gradient checkpointing, which transformers only applies to layers in training
-mode, flips that flag on the checkpointed layers alone.
+says why prompt lengths are not mixed. The completions of one prompt are scored on one computation of
+it (`sapo.grpo.shared_prompt`), except under gradient checkpointing. Models stay in eval mode (no
+dropout: the ratios compare deterministic policies); gradient checkpointing, which transformers only
+applies to layers in training mode, flips that flag on the checkpointed layers alone.
 
 A step whose gradient norm is not finite is not applied (counted in `StepStats.skipped_updates`): one
 NaN update would poison the weights of every later version.
@@ -51,6 +52,9 @@ from sapo.grpo import (
     grpo_loss,
     pack,
     policy_logprobs,
+    prompt_groups,
+    shared_prompt_logprobs,
+    split_by_shared_prompt_budget,
     split_by_token_budget,
 )
 from sapo.trainer.sequences import Row, RowMode
@@ -60,7 +64,7 @@ Precision = Literal["fp32", "bf16"]
 
 @dataclass(frozen=True)
 class StepConfig:
-    """micro_batch_tokens: padded tokens (rows x longest row) per forward pass; bounds activation
+    """micro_batch_tokens: padded tokens per forward pass (see `plan_micro_batches`); bounds activation
     memory. steps_per_batch: optimizer steps on the same batch. precision: "bf16" runs forward and
     backward under bf16 autocast, parameters and optimizer state stay fp32. Built by
     `TrainerSettings.step_config`, which declares and bounds every value."""
@@ -74,9 +78,13 @@ class StepConfig:
 
 @dataclass(frozen=True)
 class MicroBatch:
+    """shared_prompt: score with `shared_prompt_logprobs` (each distinct prompt computed once) rather
+    than `policy_logprobs`; the planner sets it where the micro-batch has rows sharing a prompt."""
+
     packed: PackedBatch
     temperature: float
     mode: RowMode
+    shared_prompt: bool = False
 
 
 @dataclass(frozen=True)
@@ -92,13 +100,20 @@ class StepStats:
     completion_tokens: int
 
 
-def plan_micro_batches(rows: Sequence[Row], pad_token_id: int, max_tokens: int) -> list[MicroBatch]:
+def plan_micro_batches(
+    rows: Sequence[Row], pad_token_id: int, max_tokens: int, *, share_prompts: bool
+) -> list[MicroBatch]:
     """Rows packed per (temperature, mode, prompt length), each pack split by the token budget.
 
     Rows of different prompt lengths never share a micro-batch: `policy_logprobs` computes the
     vocabulary-sized logits of every row from the micro-batch's earliest completion position on, so a
-    90-token prompt beside a 350-token one would cost 260 wasted logit positions per row. The
-    completions of one group share their prompt, so in practice a micro-batch is (part of) a group.
+    90-token prompt beside a 350-token one would cost 260 wasted logit positions per row (with shared
+    prompts it would cost prompt-pass padding instead).
+
+    With `share_prompts` (off under gradient checkpointing, which cannot run with a key/value cache)
+    the completions of one prompt stay in one micro-batch where the budget allows, the prompt counts
+    once against it (`split_by_shared_prompt_budget`), and micro-batches where some rows share a prompt
+    are scored with `shared_prompt_logprobs`; without it every row counts its whole length.
     """
     parts: dict[tuple[float, RowMode, int], list[Row]] = {}
     for row in rows:
@@ -107,7 +122,12 @@ def plan_micro_batches(rows: Sequence[Row], pad_token_id: int, max_tokens: int) 
     planned: list[MicroBatch] = []
     for (temperature, mode, _), part in parts.items():
         packed = pack([r.sample for r in part], pad_token_id)
-        planned += [MicroBatch(mb, temperature, mode) for mb in split_by_token_budget(packed, max_tokens)]
+        if not share_prompts:
+            planned += [MicroBatch(mb, temperature, mode) for mb in split_by_token_budget(packed, max_tokens)]
+            continue
+        for mb in split_by_shared_prompt_budget(packed, max_tokens):
+            shared = len(prompt_groups(mb)) < mb.num_rows
+            planned.append(MicroBatch(mb, temperature, mode, shared_prompt=shared))
     return planned
 
 
@@ -156,7 +176,8 @@ def train_on_batch(
         optimizer.zero_grad(set_to_none=True)
         for i, mb in enumerate(placed):
             with autocast(device, config.precision):
-                scored = policy_logprobs(model, mb.packed, mb.temperature)
+                score = shared_prompt_logprobs if mb.shared_prompt else policy_logprobs
+                scored = score(model, mb.packed, mb.temperature)
             if step == 0:
                 olds.append(_pi_old(mb, scored.logprobs))
             loss, metrics = _loss(mb, scored, olds[i], total=total, config=config.loss)

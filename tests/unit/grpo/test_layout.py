@@ -3,7 +3,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sapo.grpo.layout import TrainSample, pack, split_by_token_budget, with_eos
+from sapo.grpo.layout import (
+    PackedBatch,
+    TrainSample,
+    pack,
+    prompt_groups,
+    shared_prompt_cost,
+    split_by_shared_prompt_budget,
+    split_by_token_budget,
+    with_eos,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -106,3 +115,51 @@ def test_select_trims_only_trailing_padding() -> None:
     assert short.input_ids.tolist() == [[1, 2, 3]]
     assert short.completion_mask.tolist() == [[False, False, True]]
     assert torch.equal(short.position_ids, torch.arange(3).unsqueeze(0))
+
+
+def _groups(sizes: dict[tuple[int, ...], list[int]]) -> PackedBatch:
+    """Rows of the given prompts with completions of the given lengths, prompts interleaved."""
+    samples = [
+        (i, TrainSample(prompt, list(range(20, 20 + n)), advantage=float(len(prompt) * 10 + i)))
+        for prompt, lengths in sizes.items()
+        for i, n in enumerate(lengths)
+    ]
+    samples.sort(key=lambda s: s[0])  # the first completion of every prompt, then the second, ...
+    return pack([s for _, s in samples], pad_token_id=0)
+
+
+def test_prompt_groups_are_rows_with_identical_prompt_ids() -> None:
+    batch = _groups({(1, 2, 3): [2, 4], (1, 2): [3, 1], (4, 5, 6): [1]})
+    assert prompt_groups(batch) == [[0, 3], [1, 4], [2]]
+
+
+def test_shared_prompt_split_keeps_groups_together_within_the_budget() -> None:
+    batch = _groups({(1, 2, 3): [2, 4, 4, 1], (5, 6, 7): [3, 3, 1, 2], (8, 9, 10): [5, 1, 1, 1]})
+    micro = split_by_shared_prompt_budget(batch, max_tokens=20)  # one group: 3 + 4 x 5 = 23 at most
+    for part in micro:
+        groups = prompt_groups(part)
+        starts = [int(part.completion_mask[g[0]].to(torch.int8).argmax()) for g in groups]
+        completions = part.row_lengths - torch.as_tensor([starts[i] for i, g in enumerate(groups) for _ in g])
+        assert shared_prompt_cost(starts, completions.tolist()) <= 20
+        assert part.seq_len == int(part.row_lengths.max())
+    prompts = [sorted(tuple(part.input_ids[r, :3].tolist()) for r in range(part.num_rows)) for part in micro]
+    assert sum(part.num_rows for part in micro) == batch.num_rows
+    assert sorted(a for part in micro for a in part.advantages.tolist()) == sorted(batch.advantages.tolist())
+    # (5, 6, 7) costs 3 + 4 x 3 = 15 and (1, 2, 3) 3 + 4 x 4 = 19: each fits whole, not beside another.
+    # (8, 9, 10) would cost 3 + 4 x 5 = 23: its rows longest first, 5 1 1 (18) and 1 (4).
+    assert sorted(map(len, prompts)) == [1, 3, 4, 4]
+    assert all(len(set(p)) == 1 for p in prompts)
+
+
+def test_shared_prompt_split_puts_small_groups_together() -> None:
+    batch = _groups({(1, 2): [2, 2], (3, 4): [1, 2], (5, 6): [2]})
+    micro = split_by_shared_prompt_budget(batch, max_tokens=12)  # 2 x 2 + 4 x 2 = 12: two groups fit
+    assert [part.num_rows for part in micro] == [4, 1]
+    assert shared_prompt_cost([2, 2], [2, 2, 1, 2]) == 12
+
+
+def test_shared_prompt_split_keeps_an_overlong_row_alone() -> None:
+    batch = _groups({(1, 2, 3): [9, 1]})
+    micro = split_by_shared_prompt_budget(batch, max_tokens=6)
+    assert [part.num_rows for part in micro] == [1, 1]
+    assert micro[0].row_lengths.tolist() == [12]

@@ -11,8 +11,11 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from sapo.checkpoints import CheckpointError, CheckpointStore
 from sapo.trainer import (
+    MicroBatch,
+    Row,
     RowMode,
     SequenceBuilder,
+    StepStats,
     Trainer,
     lr_factor,
     plan_micro_batches,
@@ -33,6 +36,7 @@ def _trainer(
     lr: float = 1e-2,
     warmup_steps: int = 2,
     steps_per_batch: int = 1,
+    eps: float = 1e-8,
     **options: Any,
 ) -> Trainer:
     return Trainer(
@@ -41,7 +45,7 @@ def _trainer(
         model_ref="tiny:0",
         node_id="node-a",
         store=CheckpointStore(root),
-        optim=b.optim_config(lr=lr, warmup_steps=warmup_steps),
+        optim=b.optim_config(lr=lr, warmup_steps=warmup_steps, eps=eps),
         step=b.step_config(steps_per_batch=steps_per_batch),
         max_sequence_tokens=512,
         **options,
@@ -174,35 +178,67 @@ def test_restore_refuses_checkpoints_of_another_base_model(
         other.restore()
 
 
+def _sgd_step(
+    tokenizer: PreTrainedTokenizerBase, rows: list[Row], budget: int, *, share_prompts: bool
+) -> tuple[list[MicroBatch], StepStats, list[torch.Tensor]]:
+    """One step of plain SGD with lr 1 on a fresh `tiny:0`: the weight change equals the gradient (Adam
+    would amplify float noise in near-zero gradients of rare-token embeddings)."""
+    model = b.tiny(tokenizer, 0)
+    before = [p.detach().clone() for p in model.parameters()]
+    sgd = torch.optim.SGD(model.parameters(), lr=1.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(sgd, lambda step: 1.0)
+    micro = plan_micro_batches(rows, pad_token_id=0, max_tokens=budget, share_prompts=share_prompts)
+    stats = train_on_batch(model, sgd, schedule, micro, b.step_config(max_grad_norm=0))
+    return micro, stats, [b_ - p.detach() for b_, p in zip(before, model.parameters(), strict=True)]
+
+
+def _assert_same_step(
+    first: tuple[StepStats, list[torch.Tensor]], second: tuple[StepStats, list[torch.Tensor]]
+) -> None:
+    (stats, deltas), (other, other_deltas) = first, second
+    assert other.metrics.loss == pytest.approx(stats.metrics.loss, abs=1e-6)
+    assert other.metrics.entropy_mean == pytest.approx(stats.metrics.entropy_mean, rel=1e-5)
+    assert other.grad_norm == pytest.approx(stats.grad_norm, rel=1e-5)
+    for g, h in zip(deltas, other_deltas, strict=True):
+        torch.testing.assert_close(g, h, atol=1e-6, rtol=1e-4)
+
+
 def test_micro_batches_accumulate_exactly_the_whole_batch_gradient(
     tokenizer: PreTrainedTokenizerBase, questions: list[question_pb2.Question]
 ) -> None:
-    """Loss normalized by the whole batch's tokens: any token budget gives the same gradient. Plain SGD
-    with lr 1 makes the weight change equal the gradient (Adam would amplify float noise in near-zero
-    gradients of rare-token embeddings)."""
+    """Loss normalized by the whole batch's tokens: any token budget gives the same gradient."""
     batch = _batches(b.tiny(tokenizer, 0), tokenizer, questions)[0]
     rows = SequenceBuilder(tokenizer, max_sequence_tokens=512).build(batch, 0).rows[:3]  # the local group
-    results = []
-    for budget in (4096, 200):
-        model = b.tiny(tokenizer, 0)
-        before = [p.detach().clone() for p in model.parameters()]
-        sgd = torch.optim.SGD(model.parameters(), lr=1.0)
-        schedule = torch.optim.lr_scheduler.LambdaLR(sgd, lambda step: 1.0)
-        micro = plan_micro_batches(rows, pad_token_id=0, max_tokens=budget)
-        stats = train_on_batch(model, sgd, schedule, micro, b.step_config(max_grad_norm=0))
-        deltas = [b_ - p.detach() for b_, p in zip(before, model.parameters(), strict=True)]
-        results.append((len(micro), stats, deltas))
-    (n_whole, whole, grads), (n_split, split, split_grads) = results
-    assert n_split > n_whole
-    assert split.metrics.loss == pytest.approx(whole.metrics.loss, abs=1e-6)
-    assert split.grad_norm == pytest.approx(whole.grad_norm, rel=1e-5)
-    for g, h in zip(grads, split_grads, strict=True):
-        torch.testing.assert_close(g, h, atol=1e-6, rtol=1e-4)
+    whole, whole_stats, whole_deltas = _sgd_step(tokenizer, rows, 4096, share_prompts=False)
+    split, split_stats, split_deltas = _sgd_step(tokenizer, rows, 200, share_prompts=False)
+    assert len(split) > len(whole)
+    _assert_same_step((whole_stats, whole_deltas), (split_stats, split_deltas))
+
+
+@pytest.mark.parametrize("budget", [4096, 100])
+def test_sharing_prompts_gives_the_same_step(
+    tokenizer: PreTrainedTokenizerBase, questions: list[question_pb2.Question], budget: int
+) -> None:
+    """A local group (as sampled) and an external one (re-rendered by our template) each share their
+    prompt; a budget below a whole group cuts it into runs that each compute the prompt."""
+    batch = _batches(b.tiny(tokenizer, 0), tokenizer, questions)[0]
+    rows = SequenceBuilder(tokenizer, max_sequence_tokens=512).build(batch, 0).rows
+    assert len({tuple(r.sample.prompt_ids) for r in rows}) == 2
+    _, whole_stats, whole_deltas = _sgd_step(tokenizer, rows, budget, share_prompts=False)
+    shared, shared_stats, shared_deltas = _sgd_step(tokenizer, rows, budget, share_prompts=True)
+    assert any(mb.shared_prompt for mb in shared)
+    if budget == 4096:
+        assert [mb.packed.num_rows for mb in shared] == [3, 2]  # one micro-batch per group
+    _assert_same_step((whole_stats, whole_deltas), (shared_stats, shared_deltas))
 
 
 def test_gradient_checkpointing_gives_the_same_update(
     tokenizer: PreTrainedTokenizerBase, questions: list[question_pb2.Question], tmp_path: Path
 ) -> None:
+    """Checkpointing scores every row whole, the default shares prompts: gradients agree to float
+    rounding. AdamW's first step is lr * g / (|g| + eps), so a gradient element near its default eps
+    (1e-8: a rare token's output-embedding row) would turn that rounding into an lr-sized difference;
+    a larger eps keeps the comparison about the gradient."""
     group = b.local_group(b.tiny(tokenizer), tokenizer, questions[0], list(b.answers(questions[0])))
     batch = b.training_batch(0, [b.batch_group(group, [1.0, 0.0])])
     trainers = [
@@ -211,6 +247,7 @@ def test_gradient_checkpointing_gives_the_same_update(
             tokenizer,
             tmp_path / str(checkpointing),
             warmup_steps=0,
+            eps=1e-4,
             gradient_checkpointing=checkpointing,
         )
         for checkpointing in (False, True)
