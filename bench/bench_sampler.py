@@ -72,10 +72,13 @@ from sapo.sampler import (
     Screen,
     ScreenConfig,
     SeenGroups,
+    Unread,
     VerifyMode,
+    arrival_facts,
     header_reason,
     make_assembler,
     parse,
+    sender_of,
 )
 from sapo.sampler.settings import SamplerSettings
 from sapo.settings import ConsumerProfile
@@ -90,6 +93,9 @@ COMPLETIONS = 8
 PROMPT_TOKENS = 200
 COMPLETION_TOKENS = 16
 LOCAL_GROUPS, EXTERNAL_GROUPS = 4, 4
+GROUPS_PER_ROUND = 8
+"""Groups each node shares per round (the paper's questions per round, all shared): the offered load
+is nodes x 8 / round_s groups/s."""
 
 
 Message = tuple[bytes, bytes, list[tuple[str, bytes]]]
@@ -198,6 +204,7 @@ class Sampler:
     screen: Screen
     batch_every: int
     local: Iterator[Scored]
+    facts: bool = True  # lazy: screen on the facts header when there is one (False: as an older sender)
     verdicts: dict[str, int] = field(default_factory=dict)
     read: int = 0
     batches: int = 0
@@ -212,13 +219,22 @@ class Sampler:
 
     def handle(self, record: Record) -> Disposition:
         now = time.time()
-        group = parse(record.value, 1 << 20)
-        verdict = self.screen.check(group, "external", now, self.batches, Sender(group.node_id))
+        sender = sender_of(record.headers, record.value, "external", node_id=RECEIVER, store=None, now_s=now)
+        assert isinstance(sender, Sender) and record.value is not None
+        facts = arrival_facts(record.headers, "external", self.screen.cfg) if self.facts else None
+        verdict: Scored | str
+        if facts is not None:  # as SamplerService._admit: no decoding on arrival
+            verdict = self.screen.check_facts(Unread(record.value, record.headers, facts), now, sender)
+        else:
+            group = parse(record.value, 1 << 20, record.headers)
+            verdict = self.screen.check(group, "external", now, self.batches, sender)
         if isinstance(verdict, str):
             self._count(verdict)
-        elif self.assembler.add(verdict, record, now) is None:
+        elif (refusal := self.assembler.add(verdict, record, now)) is None:
             self.screen.seen.add(verdict.group_id)
             self._count("pooled")
+        else:
+            self._count(refusal)
         self.read += 1
         if self.read % self.batch_every == 0:
             self._emit(now)
@@ -263,12 +279,13 @@ def paths(
     def one_task_prefilter(record: Record) -> str | None:
         return header_reason(record.headers, "external", one_task)
 
-    def sampler(cfg: ScreenConfig) -> Sampler:
-        return Sampler(Screen(cfg, SeenGroups(1_000_000)), batch_every, iter(local))
+    def sampler(cfg: ScreenConfig, facts: bool = True) -> Sampler:
+        return Sampler(Screen(cfg, SeenGroups(1_000_000)), batch_every, iter(local), facts)
 
     samplers = {
         "eager": sampler(screen_config(None, VerifyMode.EAGER)),
         "lazy": sampler(screen_config(None, VerifyMode.LAZY)),
+        "lazy-old": sampler(screen_config(None, VerifyMode.LAZY), facts=False),
         "node": sampler(one_task),
     }
     return {
@@ -276,6 +293,7 @@ def paths(
         "prefilter": (noop, one_task_prefilter),
         "eager": (samplers["eager"].handle, None),
         "lazy": (samplers["lazy"].handle, None),
+        "lazy-old": (samplers["lazy-old"].handle, None),
         "node": (samplers["node"].handle, one_task_prefilter),
     }, samplers
 
@@ -283,6 +301,7 @@ def paths(
 def cost_per_message(messages: list[Message], sample: int = 2000) -> dict[str, float]:
     """Microseconds per message of each arrival stage, without the broker (no pooling)."""
     values = [v for _, v, _ in messages[-sample:]]
+    headers = [dict(h) for _, _, h in messages[-sample:]]
     groups = [parse(v, 1 << 20) for v in values]
     out = {}
     start = time.perf_counter()
@@ -295,17 +314,26 @@ def cost_per_message(messages: list[Message], sample: int = 2000) -> dict[str, f
         for group in groups:
             screen.check(group, "external", time.time(), 0, Sender(group.node_id))
         out[f"check, {verify}"] = 1e6 * (time.perf_counter() - start) / len(groups)
+    screen = Screen(screen_config(None, VerifyMode.LAZY), SeenGroups(1_000_000))
+    start = time.perf_counter()
+    for value, hs, group in zip(values, headers, groups, strict=True):
+        facts = arrival_facts(hs, "external", screen.cfg)
+        assert facts is not None
+        screen.check_facts(Unread(value, hs, facts), time.time(), Sender(group.node_id))
+    out["facts + check, lazy"] = 1e6 * (time.perf_counter() - start) / len(groups)
     return out
 
 
-def report(rates: dict[str, list[float]], samplers: dict[str, Sampler], messages: list[Message]) -> None:
+def report(
+    rates: dict[str, list[float]], samplers: dict[str, Sampler], messages: list[Message], offered: float
+) -> None:
     raw = statistics.median(rates["raw"])
     print(f"{'path':<10} {'median msgs/s':>14} {'vs raw':>7} {'us/msg':>7}   runs")
     for name, values in rates.items():
         median = statistics.median(values)
         runs = " ".join(f"{v:,.0f}" for v in values)
         print(f"{name:<10} {median:>14,.0f} {median / raw:>7.3f} {1e6 / median:>7.1f}   {runs}")
-    for name in ("eager", "lazy"):
+    for name in ("eager", "lazy", "lazy-old"):
         s = samplers[name]
         print(
             f"{name} (last pass): {s.batches} batches of I={LOCAL_GROUPS}/J={EXTERNAL_GROUPS} "
@@ -321,8 +349,8 @@ def report(rates: dict[str, list[float]], samplers: dict[str, Sampler], messages
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS of the bench process (messages + samplers): {peak_mib:,.0f} MiB")
     best = max(statistics.median(rates["eager"]), statistics.median(rates["lazy"]))
-    verdict = "meets" if best >= 0.5 * raw else "below"
-    print(f"best full path {verdict} the target of 0.5 x raw")
+    keeps_up = "keeps" if best >= offered else "does not keep"
+    print(f"best full path {best:,.0f} msgs/s {keeps_up} up with the swarm's {offered:,.0f} groups/s")
     print(f"{'PASS' if best >= 0.5 * raw else 'FAIL'}: best full path {best / raw:.3f} x raw (target >= 0.5)")
 
 
@@ -334,6 +362,12 @@ def main() -> None:
     parser.add_argument("--groups-per-node", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch-every", type=int, default=1000, help="groups read per emitted batch")
+    parser.add_argument(
+        "--round-s",
+        type=float,
+        default=10.0,
+        help="round length the keep-up line assumes (bench_swarm_load's fast GPU swarm)",
+    )
     args = parser.parse_args()
 
     started = time.perf_counter()
@@ -349,12 +383,14 @@ def main() -> None:
             pub.send(TOPIC, key, value, headers)
         assert pub.flush(60) == 0
         del pub  # an open producer connection holds the broker's shutdown up by seconds
-        rates: dict[str, list[float]] = {"raw": [], "prefilter": [], "eager": [], "lazy": [], "node": []}
+        rates: dict[str, list[float]] = {
+            name: [] for name in ("raw", "prefilter", "eager", "lazy", "lazy-old", "node")
+        }
         for _ in range(args.rounds):
             handlers, samplers = paths(frozenset({EASY_PROFILE[0].name}), local, args.batch_every)
             for name, (handler, prefilter) in handlers.items():
                 rates[name].append(timed_read(broker.bootstrap, len(messages), handler, prefilter))
-    report(rates, samplers, messages)
+    report(rates, samplers, messages, args.nodes * GROUPS_PER_ROUND / args.round_s)
     print(f"total {time.perf_counter() - started:.0f} s")
 
 

@@ -23,6 +23,9 @@ Delivery semantics (at-least-once in; batch ids out exactly once):
   restart is safe for the same reason (the batch is either in the topic and recovered, or not).
 - SIGTERM: the current step ends, both consumers commit what is finished and leave the group; the
   pool is re-delivered to the next start.
+- Lazy verification (SAPO_SAMPLER_VERIFY=lazy): a swarm record with a facts header
+  (`sapo.wire.GroupFacts`) is screened and pooled on its headers and never decoded unless the
+  selection picks it; one without (an older sender) is decoded on arrival as in eager mode.
 - Identity (`IDENTITY__MODE` strict or tofu): every swarm record's signature is verified before it
   is decoded (`sapo.sampler.sender`), and the decoded group must name the verified node; the keys
   topic, when followed, is read to its end before the swarm stream is consumed, then polled in
@@ -66,6 +69,8 @@ from sapo.sampler import (
     Origin,
     SamplerCore,
     Scored,
+    Unread,
+    arrival_facts,
     header_reason,
     parse,
     sender_of,
@@ -278,6 +283,13 @@ class SamplerService:
             return sender
         peer = sender.node_id  # "" with identity off and no node header: the body names it
         try:
+            facts = arrival_facts(record.headers, origin, self.core.screen.cfg)
+            if facts is not None and peer and record.value is not None:  # lazy: no decoding on arrival
+                reason = self.core.admit_unread(
+                    Unread(record.value, record.headers, facts), record, now, sender
+                )
+                self._peer_verdict(origin, peer, reason)
+                return reason
             group = parse(record.value, self._settings.max_payload_bytes, record.headers)
             peer = peer or group.node_id
             previous = self.core.sequence
