@@ -65,6 +65,7 @@ from sapo.kafka import (
 )
 from sapo.kafka.consumer import Prefilter
 from sapo.lifecycle import StopFlag
+from sapo.runtime import freeze_startup_objects
 from sapo.sampler import (
     Assembler,
     RoundMode,
@@ -160,8 +161,10 @@ def build_local(count: int, seed: int) -> list[Scored]:
 
 def timed_read(
     bootstrap: str, count: int, handler: Callable[[Record], Disposition], prefilter: Prefilter | None
-) -> float:
-    """msgs/s of one full pass over the topic in a fresh group, from the first record on."""
+) -> tuple[float, float]:
+    """(msgs/s, CPU microseconds of this process per message) of one full pass over the topic in a
+    fresh group, from the first record on. The CPU time is the consumer's own (Python and the
+    librdkafka threads), without the broker's, which here shares the machine."""
     config = {"bootstrap.servers": bootstrap} | ConsumerProfile.local().to_librdkafka()
     client = KafkaConsumerClient(config, f"bench.{uuid.uuid4().hex[:8]}")
     metrics = TransportMetrics(CollectorRegistry(), "bench")
@@ -170,10 +173,10 @@ def timed_read(
     try:
         while not loop.step(0.5):
             pass
-        start, read = time.perf_counter(), 1
+        start, cpu, read = time.perf_counter(), time.process_time(), 1
         while read < count:
             read += loop.step(0.5)
-        return (count - 1) / (time.perf_counter() - start)
+        return (count - 1) / (time.perf_counter() - start), 1e6 * (time.process_time() - cpu) / (count - 1)
     finally:
         loop.close()
 
@@ -325,14 +328,27 @@ def cost_per_message(messages: list[Message], sample: int = 2000) -> dict[str, f
 
 
 def report(
-    rates: dict[str, list[float]], samplers: dict[str, Sampler], messages: list[Message], offered: float
+    rates: dict[str, list[float]],
+    cpu: dict[str, list[float]],
+    samplers: dict[str, Sampler],
+    messages: list[Message],
+    offered: float,
 ) -> None:
-    raw = statistics.median(rates["raw"])
-    print(f"{'path':<10} {'median msgs/s':>14} {'vs raw':>7} {'us/msg':>7}   runs")
+    raw, raw_cpu = statistics.median(rates["raw"]), statistics.median(cpu["raw"])
+    paired = {name: paired_ratio(values, rates["raw"]) for name, values in rates.items()}
+    head = ("msgs/s", "vs raw", "paired", "us/msg", "cpu us", "cpu")
+    print(
+        "path      "
+        + " ".join(f"{h:>{w}}" for h, w in zip(head, (9, 7, 7, 7, 7, 6), strict=True))
+        + "   runs"
+    )
     for name, values in rates.items():
-        median = statistics.median(values)
+        median, median_cpu = statistics.median(values), statistics.median(cpu[name])
         runs = " ".join(f"{v:,.0f}" for v in values)
-        print(f"{name:<10} {median:>14,.0f} {median / raw:>7.3f} {1e6 / median:>7.1f}   {runs}")
+        print(
+            f"{name:<10}{median:>9,.0f} {median / raw:>7.3f} {paired[name]:>7.3f} {1e6 / median:>7.1f} "
+            f"{median_cpu:>7.1f} {raw_cpu / median_cpu:>6.3f}   {runs}"
+        )
     for name in ("eager", "lazy", "lazy-old"):
         s = samplers[name]
         print(
@@ -351,7 +367,15 @@ def report(
     best = max(statistics.median(rates["eager"]), statistics.median(rates["lazy"]))
     keeps_up = "keeps" if best >= offered else "does not keep"
     print(f"best full path {best:,.0f} msgs/s {keeps_up} up with the swarm's {offered:,.0f} groups/s")
-    print(f"{'PASS' if best >= 0.5 * raw else 'FAIL'}: best full path {best / raw:.3f} x raw (target >= 0.5)")
+    ratio = max(paired["eager"], paired["lazy"])
+    print(f"{'PASS' if ratio >= 0.5 else 'FAIL'}: best full path {ratio:.3f} x raw, paired (target >= 0.5)")
+
+
+def paired_ratio(values: list[float], raw: list[float]) -> float:
+    """Median over rounds of a path's rate over the raw rate of the same round: the passes of one
+    round run within seconds of each other, so load from other jobs that comes and goes between
+    rounds moves both sides of each ratio."""
+    return statistics.median(v / r for v, r in zip(values, raw, strict=True))
 
 
 def main() -> None:
@@ -360,7 +384,7 @@ def main() -> None:
     )
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--groups-per-node", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--batch-every", type=int, default=1000, help="groups read per emitted batch")
     parser.add_argument(
         "--round-s",
@@ -383,14 +407,17 @@ def main() -> None:
             pub.send(TOPIC, key, value, headers)
         assert pub.flush(60) == 0
         del pub  # an open producer connection holds the broker's shutdown up by seconds
-        rates: dict[str, list[float]] = {
-            name: [] for name in ("raw", "prefilter", "eager", "lazy", "lazy-old", "node")
-        }
+        freeze_startup_objects()  # as a service before its loop (here also the simulated swarm's messages)
+        names = ("raw", "prefilter", "eager", "lazy", "lazy-old", "node")
+        rates: dict[str, list[float]] = {name: [] for name in names}
+        cpu: dict[str, list[float]] = {name: [] for name in names}
         for _ in range(args.rounds):
             handlers, samplers = paths(frozenset({EASY_PROFILE[0].name}), local, args.batch_every)
             for name, (handler, prefilter) in handlers.items():
-                rates[name].append(timed_read(broker.bootstrap, len(messages), handler, prefilter))
-    report(rates, samplers, messages, args.nodes * GROUPS_PER_ROUND / args.round_s)
+                rate, cpu_us = timed_read(broker.bootstrap, len(messages), handler, prefilter)
+                rates[name].append(rate)
+                cpu[name].append(cpu_us)
+    report(rates, cpu, samplers, messages, args.nodes * GROUPS_PER_ROUND / args.round_s)
     print(f"total {time.perf_counter() - started:.0f} s")
 
 

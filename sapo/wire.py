@@ -15,9 +15,8 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Protocol, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -75,8 +74,7 @@ def rollout_headers(
     return [*headers, (H_FACTS, encode_facts(group_facts(group)))]
 
 
-@dataclass(frozen=True)
-class GroupFacts:
+class GroupFacts(NamedTuple):
     """What a sampler screens and pools a swarm group on before decoding it: the `sapo-group-facts`
     header, `f1;<group_id>;<round>;<completed_at seconds>;<nanos>;<config_digest>;<split>;<scored>;<signal>`.
 
@@ -84,6 +82,8 @@ class GroupFacts:
     counts the completions whose finish reason is not ERROR; `signal` is 1 when the sender's rewards
     of those completions are all finite and not all equal, else 0. Each field restates the body, so
     `group_facts` of the decoded body equals the header's facts exactly, or the message lies.
+    A named tuple, not a frozen dataclass: a lazy sampler builds one per record it reads, at a
+    quarter of the cost.
     """
 
     group_id: str
@@ -142,16 +142,15 @@ def read_facts(headers: Headers) -> GroupFacts | None:
     if raw is None or not raw.startswith(FACTS_VERSION.encode() + b";"):
         return None
     fields = raw.decode("ascii", "replace").split(";")
-    malformed = InvalidMessageError("facts_mismatch", f"malformed {H_FACTS} header {raw[:200]!r}")
     try:
         _, group_id, round_, seconds, nanos, digest, split, scored, signal = fields
         facts = GroupFacts(
             group_id, int(round_), int(seconds), int(nanos), digest, int(split), int(scored), signal == "1"
         )
     except ValueError:  # a wrong field count or a non-integer
-        raise malformed from None
-    if signal not in ("0", "1") or not _in_range(facts):
-        raise malformed
+        facts = None
+    if facts is None or signal not in ("0", "1") or not _in_range(facts):
+        raise InvalidMessageError("facts_mismatch", f"malformed {H_FACTS} header {raw[:200]!r}")
     return facts
 
 

@@ -70,7 +70,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Final, Literal
+from typing import Final, Literal, NamedTuple
 
 from sapo.convert import question_from_proto
 from sapo.grpo.advantages import SIGNAL_TOLERANCE, AdvantageScale, group_advantages, has_signal
@@ -208,11 +208,10 @@ class Scored:
         return sum(self.rewards) / len(self.rewards)
 
 
-@dataclass(frozen=True)
-class Unread:
+class Unread(NamedTuple):
     """The undecoded body of a group pooled on its headers, the headers it came with and the facts
     it was screened on. The service's handle (the consumed record) holds the same bytes, so pooling
-    them costs no copy."""
+    them costs no copy. A named tuple: one is built per record a lazy sampler reads."""
 
     value: bytes
     headers: Mapping[str, bytes]
@@ -321,9 +320,7 @@ class Screen:
             return reason
         if group.group_id in self.seen:
             return "duplicate"
-        reason = _split_reason(
-            group.question.provenance.split, f"group {group.group_id} from {group.node_id}"
-        )
+        reason = _split_reason(group.question.provenance.split, group.group_id, group.node_id)
         if reason is not None:
             return reason
         kept = [c for c in group.completions if c.finish_reason != _ERROR]
@@ -360,7 +357,7 @@ class Screen:
             return "too_old"
         if facts.group_id in self.seen:
             return "duplicate"
-        reason = _split_reason(facts.split, f"group {facts.group_id} from {node}")
+        reason = _split_reason(facts.split, facts.group_id, node)
         if reason is not None:
             return reason
         if facts.scored < MIN_COMPLETIONS:
@@ -444,7 +441,7 @@ class Screen:
         return "stale" if lag > self.cfg.max_policy_lag else None
 
 
-def _split_reason(split: int, detail: str) -> str | None:
+def _split_reason(split: int, group_id: str, node: str) -> str | None:
     """Only training items are trained on. The provenance's split (`Split` enum number), read from the
     proto or the facts header so the lazy arrival path needs no `question_from_proto`; an unset split
     is malformed, as `question_from_proto` says too."""
@@ -452,7 +449,7 @@ def _split_reason(split: int, detail: str) -> str | None:
         return None
     if split == question_pb2.SPLIT_EVAL:
         return "not_train_split"
-    raise InvalidMessageError("missing_split", detail)
+    raise InvalidMessageError("missing_split", f"group {group_id} from {node}")
 
 
 def _claims_signal(claimed: list[float]) -> bool:

@@ -227,7 +227,7 @@ def facts_headers(draw: st.DrawFn, group: rollout_pb2.RolloutGroup) -> dict[str,
         for name in draw(st.lists(st.sampled_from(sorted(FACT_FIELDS)), min_size=1, max_size=3, unique=True)):
             honest = getattr(facts, name)
             lie = draw(FACT_FIELDS[name].filter(functools.partial(operator.ne, honest)))
-            facts = dataclasses.replace(facts, **{name: lie})
+            facts = facts._replace(**{name: lie})
     return headers | {wire.H_FACTS: wire.encode_facts(facts)}
 
 
