@@ -63,7 +63,7 @@ bench-load: $(STAMP) ## Only the load bench: 1,000 nodes' signed groups into one
 
 # SAPO_SOAK=1 lengthens the runs of tests/faults (SAPO_SOAK_ROUNDS, SAPO_SOAK_SEED set them); the report
 # of each run lands in results/faults/.
-soak: $(STAMP) ## Fault injection, long version: services SIGKILLed, the broker killed -9 (~1 h on 2 cores)
+soak: $(STAMP) ## Fault injection, long version: services SIGKILLed, the broker killed -9 (~25 min on 2 cores)
 	SAPO_SOAK=1 SAPO_SOAK_REPORT=results/faults $(BIN)/pytest -m faults -s --timeout=0 tests/faults
 
 .PHONY: help setup tools swarm experiment test test-slow lint proto image bench bench-load soak

@@ -83,6 +83,9 @@ class SamplingConfig:
     top_k: int = 0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    #: How the backend's sampling weights approximate the policy ("" = its own weights; see
+    #: `sapo.backends.hf.QUANTIZATIONS`); a backend refuses a value other than its own.
+    quantization: str = ""
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:

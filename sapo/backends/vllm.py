@@ -149,6 +149,10 @@ class VLLMBackend:
         params: SamplingConfig,
         seeds: Sequence[int] | None = None,
     ) -> list[list[Sample]]:
+        if params.quantization:
+            raise ValueError(
+                f"the vLLM backend samples with the policy's own weights, not {params.quantization!r}"
+            )
         if params.top_p < 1 or params.top_k > 0:
             raise ValueError(
                 "the vLLM backend records logprobs after top-p/top-k truncation, but the wire contract "

@@ -63,6 +63,7 @@ def sampling_params(config: SamplingConfig, seed: int) -> rollout_pb2.SamplingPa
         max_new_tokens=config.max_new_tokens,
         seed=seed,
         stop=list(config.stop),
+        quantization=config.quantization,
     )
 
 

@@ -33,6 +33,13 @@ class DType(StrEnum):
     FLOAT16 = "float16"
 
 
+class Quantization(StrEnum):
+    """How the sampling weights approximate the policy (`sapo.backends.hf.QUANTIZATIONS`)."""
+
+    NONE = ""
+    INT8_DYNAMIC = "int8-dynamic"
+
+
 class GeneratorSettings(ServiceSettings, ModelSettings):
     """Settings of one generator process (`SAPO_GENERATOR_*`; nested Kafka settings use `__`)."""
 
@@ -46,6 +53,12 @@ class GeneratorSettings(ServiceSettings, ModelSettings):
         DType.FLOAT32,
         description="Parameter dtype. bfloat16 samples ~2x faster on CPU, but its behaviour logprobs then "
         "differ slightly from an fp32 trainer's (the ratio of an unchanged policy is no longer exactly 1).",
+    )
+    quantization: Quantization = Field(
+        Quantization.NONE,
+        description="Sample from an int8 copy of the policy (`int8-dynamic`: linear layers in int8; hf "
+        "backend, CPU, float32): ~3x faster rollouts of the bundled 135M model, but the copy's log-probs "
+        "are ~0.85 nats/token from the policy's; the trainer importance-weights such rows. Off by default.",
     )
 
     # --- task stream ---
@@ -154,6 +167,15 @@ class GeneratorSettings(ServiceSettings, ModelSettings):
             )
         if self.backend is BackendKind.VLLM:
             self._check_vllm(prefix)
+        if self.quantization and (self.backend, self.dtype, self.device) != (
+            BackendKind.HF,
+            DType.FLOAT32,
+            "cpu",
+        ):
+            raise ValueError(
+                f"{prefix}QUANTIZATION={self.quantization.value} quantizes float32 weights on CPU with the "
+                f"hf backend: set {prefix}BACKEND=hf, {prefix}DTYPE=float32 and {prefix}DEVICE=cpu, or unset"
+            )
         return self
 
     def _check_vllm(self, prefix: str) -> None:

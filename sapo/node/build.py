@@ -30,7 +30,9 @@ def build_backend(settings: GeneratorSettings) -> GenerationBackend:
     if settings.backend is BackendKind.VLLM:
         return VLLMBackend.from_model_ref(settings.model, dtype=settings.dtype.value)
     dtype: torch.dtype = getattr(torch, settings.dtype.value)
-    return TransformersBackend.from_model_ref(settings.model, dtype=dtype, device=settings.device)
+    return TransformersBackend.from_model_ref(
+        settings.model, dtype=dtype, device=settings.device, quantization=settings.quantization.value
+    )
 
 
 def model_shapes(backend: GenerationBackend) -> dict[str, tuple[int, ...]] | None:
@@ -53,6 +55,7 @@ def round_source(settings: GeneratorSettings, tokenizer: PreTrainedTokenizerBase
             temperature=settings.temperature,
             top_p=settings.top_p,
             stop=STOP_STRINGS,
+            quantization=settings.quantization.value,
         ),
     )
 

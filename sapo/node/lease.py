@@ -52,7 +52,7 @@ from sapo.kafka import (
     TransportError,
     TransportMetrics,
 )
-from sapo.kafka.errors import ServiceError
+from sapo.kafka.errors import ProduceError, ServiceError
 from sapo.lifecycle import StopFlag
 from sapo.ops import Health
 from sapo.runtime import Runtime
@@ -197,7 +197,12 @@ class Lease:
                 self._metrics.held.set(0)
                 self._stop.wait(min(1.0, self._ttl_s / 3))
                 continue
-            self._write(epoch=0)
+            try:
+                self._write(epoch=0)
+            except ProduceError as exc:  # the broker is away (restarting, say): ask again when it is back
+                log.warning("asking for the %s lease was not acknowledged (%s); again", self._role, exc)
+                self._stop.wait(min(1.0, self._ttl_s / 3))
+                continue
             self._read_until_idle()
             if self.holder is not None and self.holder.owner == self.owner:
                 self.epoch = self.holder.epoch

@@ -176,6 +176,29 @@ class SamplerMetrics:
             buckets=_AGE_BUCKETS,
             registry=registry,
         )
+        self.warm_read = Counter(
+            "sapo_sampler_warm_start_groups_read_total",
+            "Records of the swarm topic's history read by warm start (sapo.sampler.warm).",
+            registry=registry,
+        )
+        self.warm_used = Counter(
+            "sapo_sampler_warm_start_groups_used_total",
+            "History groups in acknowledged warm-start batches.",
+            registry=registry,
+        )
+        self.warm_rejected = Counter(
+            "sapo_sampler_warm_start_groups_rejected_total",
+            "History groups warm start did not use, by reason (the live filters' reasons, evicted by "
+            "newer ones beyond WARM_START__MAX_GROUPS, unused by any batch).",
+            ["reason"],
+            registry=registry,
+        )
+        self.warm_batches = Counter(
+            "sapo_sampler_warm_start_batches_total",
+            "Warm-start batches acknowledged by the broker (empty ones included: lock-step rounds "
+            "without a usable history group).",
+            registry=registry,
+        )
         self.pool = Gauge(
             "sapo_sampler_pool_groups",
             "Groups waiting in the pool for a batch, by origin.",
@@ -188,6 +211,7 @@ class SamplerMetrics:
             self.pool.labels(origin)
         for reason in REASONS:
             self.rejected.labels(reason)
+            self.warm_rejected.labels(reason)
         for source in SOURCES:
             self.batch_groups.labels(source)
 

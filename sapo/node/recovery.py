@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from sapo.kafka import ConsumerClient, Record, TransportError
 from sapo.kafka.chunks import Reassembler
@@ -29,6 +29,50 @@ from sapo.wire import InvalidMessageError, decode, validate_policy_update
 
 log = logging.getLogger(__name__)
 POLL_S = 0.2
+
+
+def read_until_idle(
+    client: ConsumerClient,
+    topics: list[str],
+    *,
+    idle_s: float,
+    timeout_s: float,
+    stop: StopFlag,
+    beat: Callable[[], None],
+    what: str,
+    done: Callable[[list[TopicPartition]], bool] = lambda _assigned: False,
+) -> Iterator[Record]:
+    """Every record of `topics` from the beginning, until nothing arrived for `idle_s` after the
+    partitions were assigned, `done(assigned)` holds, or `stop` is set (the caller checks it); the
+    client is closed at the end. Raises TransportError naming `what` when the topics were not
+    assigned or not read within `timeout_s`."""
+    assigned: list[TopicPartition] = []
+
+    def on_assign(tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        assigned.extend(tps)
+        return {}
+
+    client.subscribe(topics, on_assign, lambda _tps: None, lambda _tps: None)
+    started = last_read = time.monotonic()
+    try:
+        while not stop.is_set():
+            record = client.poll(POLL_S)
+            beat()
+            now = time.monotonic()
+            if now - started > timeout_s:
+                raise TransportError(
+                    f"{what} from {', '.join(topics)} did not finish within {timeout_s} s (assigned: "
+                    f"{assigned}); check that the topics exist (`sapo topics`) or raise "
+                    "SAPO_SAMPLER_RECOVERY_TIMEOUT_S"
+                )
+            if not assigned or record is not None:
+                last_read = now
+            if assigned and (done(assigned) or (record is None and now - last_read >= idle_s)):
+                return
+            if record is not None:
+                yield record
+    finally:
+        client.close()
 
 
 def read_history(
@@ -48,63 +92,43 @@ def read_history(
     assigned or not read within `timeout_s`."""
     builder = HistoryBuilder(node_id)
     chunks = Reassembler(max_bytes, 2 * max_bytes)
-    assigned: list[TopicPartition] = []
-
-    def on_assign(tps: list[TopicPartition]) -> dict[TopicPartition, int]:
-        assigned.extend(tps)
-        return {}
-
     topics = [topic] if policy_topic is None else [topic, policy_topic]
-    client.subscribe(topics, on_assign, lambda _tps: None, lambda _tps: None)
-    started = last_read = time.monotonic()
-    try:
-        while not stop.is_set():
-            record = client.poll(POLL_S)
-            beat()
-            now = time.monotonic()
-            if now - started > timeout_s:
-                raise TransportError(
-                    f"recovery from {topic} did not finish within {timeout_s} s (assigned: {assigned}); "
-                    "check that the topic exists (`sapo topics`) or raise SAPO_SAMPLER_RECOVERY_TIMEOUT_S"
-                )
-            if not assigned or record is not None:
-                last_read = now
-            if record is None:
-                if assigned and now - last_read >= idle_s:
-                    history = builder.history()
-                    log.info(
-                        "recovered %d batches from %s: next sequence %d, next round %d, %d groups "
-                        "used; the trainer announced v%d, expects sequence %d",
-                        history.batches,
-                        ", ".join(topics),
-                        history.next_sequence,
-                        history.next_round,
-                        len(history.used_group_ids),
-                        history.trainer_version,
-                        history.trainer_next_sequence,
-                    )
-                    return history
-                continue
-            batch = chunks.add(record)  # a large batch arrives in chunks (sapo.kafka.chunks)
-            for incomplete in chunks.take_dropped():
-                log.warning(
-                    "%d chunk(s) of a batch could not be reassembled: %s",
-                    len(incomplete.parts),
-                    incomplete.reason,
-                )
-                builder.add_undecodable(incomplete.parts[0].key)
-            if batch is None:
-                continue
-            if batch.topic == policy_topic:
-                _fold_announcement(builder, batch, node_id, max_bytes)
-                continue
-            try:
-                builder.add(decode(batch_pb2.TrainingBatch, batch.value, max_bytes))
-            except InvalidMessageError:
-                builder.add_undecodable(batch.key)
-    finally:
-        client.close()
-    return None
+    records = read_until_idle(
+        client, topics, idle_s=idle_s, timeout_s=timeout_s, stop=stop, beat=beat, what="recovery"
+    )
+    for record in records:
+        batch = chunks.add(record)  # a large batch arrives in chunks (sapo.kafka.chunks)
+        for incomplete in chunks.take_dropped():
+            log.warning(
+                "%d chunk(s) of a batch could not be reassembled: %s",
+                len(incomplete.parts),
+                incomplete.reason,
+            )
+            builder.add_undecodable(incomplete.parts[0].key)
+        if batch is None:
+            continue
+        if batch.topic == policy_topic:
+            _fold_announcement(builder, batch, node_id, max_bytes)
+            continue
+        try:
+            builder.add(decode(batch_pb2.TrainingBatch, batch.value, max_bytes))
+        except InvalidMessageError:
+            builder.add_undecodable(batch.key)
+    if stop.is_set():
+        return None
+    history = builder.history()
+    log.info(
+        "recovered %d batches from %s: next sequence %d, next round %d, %d groups "
+        "used; the trainer announced v%d, expects sequence %d",
+        history.batches,
+        ", ".join(topics),
+        history.next_sequence,
+        history.next_round,
+        len(history.used_group_ids),
+        history.trainer_version,
+        history.trainer_next_sequence,
+    )
+    return history
 
 
 def _fold_announcement(builder: HistoryBuilder, record: Record, node_id: str, max_bytes: int) -> None:

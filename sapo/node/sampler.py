@@ -35,6 +35,11 @@ Delivery semantics (at-least-once in; batch ids out exactly once):
   or used (in an acknowledged batch), in metrics with a bounded peer label (`sapo.node.peers`) and
   in each batch's `intake` (the counts since the previous batch, `sapo.sampler.intake`), which the
   trainer copies into its step record. The intake counted since the last batch is lost on restart.
+- Warm start (`SAPO_SAMPLER_WARM_START__ENABLED`, `sapo.sampler.warm`): a node whose batch topic
+  holds no live batch first reads the swarm topic's history (`sapo.node.warm`, never committing),
+  through the same identification, decoding and screen as live records (`_judge`), and publishes
+  its warm-start batches before either stream is opened. An invalid history record is counted, not
+  dead-lettered: the live stream reads it again and dead-letters it then.
 - One sampler per node: it owns the batch sequence (run the Deployment with one replica). If a
   rebalance still takes partitions away, their pooled groups are dropped unfinished and forgotten by
   the dedupe set, so the new owner's copy is accepted.
@@ -48,7 +53,7 @@ import time
 from collections.abc import Callable
 from typing import Self
 
-from sapo.identity import IdentityError
+from sapo.identity import IdentityError, Sender
 from sapo.kafka import ConsumerClient, ConsumerLoop, DeadLetters, Disposition, Publisher, Record
 from sapo.kafka import TransportMetrics as Transport
 from sapo.kafka.records import TopicPartition
@@ -60,11 +65,13 @@ from sapo.node.metrics import SamplerMetrics
 from sapo.node.peers import PeerLabels
 from sapo.node.recovery import read_history
 from sapo.node.trained import TrainerFollower
+from sapo.node.warm import Admit, run_warm_start
 from sapo.ops import Health
 from sapo.runtime import Runtime
 from sapo.sampler import (
     ORIGINS,
     Assembly,
+    Discard,
     History,
     Origin,
     SamplerCore,
@@ -72,6 +79,7 @@ from sapo.sampler import (
     Unread,
     arrival_facts,
     header_reason,
+    needs_warm_start,
     parse,
     sender_of,
 )
@@ -79,9 +87,12 @@ from sapo.sampler.intake import IntakeTally
 from sapo.sampler.settings import SamplerSettings
 from sapo.settings import ConfigError
 from sapo.topics import TopicNames
+from sapo.v1.rollout_pb2 import RolloutGroup
 from sapo.wire import InvalidMessageError, message_headers, now_timestamp
 
 log = logging.getLogger(__name__)
+AdmitUnread = Callable[[Unread, Sender, float], str | None]
+"""Admits a swarm record on its facts header, undecoded (`SamplerCore.admit_unread`)."""
 
 SERVICE = "sampler"
 IDLE_WAIT_S = 0.02
@@ -110,6 +121,7 @@ class SamplerService:
         identity: IdentityGate | None = None,
         lease: Lease | None = None,
         trainer_client: ConsumerClient | None = None,
+        warm_client: ConsumerClient | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._settings = settings
@@ -123,6 +135,7 @@ class SamplerService:
         self._clock = clock
         self._transport = transport
         self._dead_letters = dead_letters
+        self._warm_client = warm_client
         self.core: SamplerCore[Record] = build_sampler_core(settings, history)
         self._intake = IntakeTally()
         self._jumped(
@@ -188,6 +201,9 @@ class SamplerService:
             if not identity.catch_up(idle_s, timeout_s, runtime.health.beat):
                 return None
         runtime.health.set("recovered", True)
+        warm_client = None  # never commits, so each start reads the history afresh (sapo.node.warm)
+        if settings.warm_start.enabled and needs_warm_start(history):
+            warm_client = runtime.consumer("sampler-warm", swarm=True, per_process=True)
         shortfall = settings.external_shortfall()
         if shortfall is not None:
             log.warning("%s", shortfall)
@@ -206,6 +222,7 @@ class SamplerService:
             identity=identity,
             lease=lease,
             trainer_client=runtime.consumer("sampler-policy", per_process=True),
+            warm_client=warm_client,
         )
 
     @property
@@ -217,6 +234,8 @@ class SamplerService:
         """Consume and emit until the stop flag is set."""
         if self.trainer is not None:
             self.trainer.open()
+        if not self._warm_start():
+            return
         self.local.open()
         self.swarm.open()
         while not self._stop.is_set():
@@ -275,7 +294,27 @@ class SamplerService:
         return Disposition.HELD
 
     def _admit(self, origin: Origin, record: Record) -> str | None:
-        """Identify (before decoding), decode and admit one record; the reason it was not pooled."""
+        """Identify, decode and admit one live record; the reason it was not pooled."""
+
+        def admit(group: RolloutGroup, sender: Sender, now: float) -> str | None:
+            previous = self.core.sequence
+            reason = self.core.admit(group, origin, record, now, sender)
+            why = f"local group {group.group_id} sampled with policy v{group.policy_version}"
+            self._jumped(previous, why)
+            return reason
+
+        def admit_unread(unread: Unread, sender: Sender, now: float) -> str | None:
+            return self.core.admit_unread(unread, record, now, sender)
+
+        return self._judge(origin, record, admit, admit_unread)
+
+    def _judge(
+        self, origin: Origin, record: Record, admit: Admit, admit_unread: AdmitUnread | None = None
+    ) -> str | None:
+        """Identify (before decoding) and decode one record, then `admit` it and count the verdict per
+        peer; the reason it was not taken. The one path of live and warm-start records. With
+        `admit_unread` (live records), a lazy sampler admits a swarm record with a facts header
+        undecoded instead (`sapo.sampler.screen.arrival_facts`)."""
         now = self._clock()
         node, gate = self._settings.node_id, self._identity
         sender = sender_of(record.headers, record.value, origin, node_id=node, store=gate, now_s=now)
@@ -283,23 +322,51 @@ class SamplerService:
             return sender
         peer = sender.node_id  # "" with identity off and no node header: the body names it
         try:
-            facts = arrival_facts(record.headers, origin, self.core.screen.cfg)
-            if facts is not None and peer and record.value is not None:  # lazy: no decoding on arrival
-                reason = self.core.admit_unread(
-                    Unread(record.value, record.headers, facts), record, now, sender
-                )
+            facts = arrival_facts(record.headers, origin, self.core.screen.cfg) if admit_unread else None
+            if facts is not None and admit_unread and peer and record.value is not None:
+                reason = admit_unread(Unread(record.value, record.headers, facts), sender, now)
                 self._peer_verdict(origin, peer, reason)
                 return reason
             group = parse(record.value, self._settings.max_payload_bytes, record.headers)
             peer = peer or group.node_id
-            previous = self.core.sequence
-            reason = self.core.admit(group, origin, record, now, sender)
+            reason = admit(group, sender, now)
         except InvalidMessageError as exc:
             self._peer_verdict(origin, peer, exc.reason)
             raise
-        self._jumped(previous, f"local group {group.group_id} sampled with policy v{group.policy_version}")
         self._peer_verdict(origin, peer, reason)
         return reason
+
+    def _warm_start(self) -> bool:
+        """Train on the swarm's history first when the node has trained nothing (`sapo.node.warm`);
+        False when stopped meanwhile."""
+        warm = self.core.warm_start(self._settings.warm_start.config()) if self._warm_client else None
+        if warm is None or self._warm_client is None:
+            return True
+        return run_warm_start(
+            self.core,
+            warm,
+            self._warm_client,
+            self._topics.swarm_rollouts,
+            self._settings,
+            judge=functools.partial(self._judge, "external"),
+            publish=self._publish,
+            discarded=self._warm_discarded,
+            metrics=self._metrics,
+            stop=self._stop,
+            beat=self._warm_beat,
+            now_s=self._clock(),
+        )
+
+    def _warm_discarded(self, discard: Discard[Record]) -> None:
+        """A kept history group evicted or left unused: counted per peer (nothing to finish)."""
+        self._metrics.peers.rejected(discard.entry.scored.peer, discard.reason)
+        self._intake.rejected(discard.entry.scored.peer, discard.reason)
+
+    def _warm_beat(self) -> None:
+        """Alive, and still the lease holder (renewed), however long the history takes to read."""
+        self._health.beat()
+        if self._lease is not None:
+            self._lease.check()
 
     def _peer_verdict(self, origin: Origin, peer: str, reason: str | None) -> None:
         """Per-peer accounting of a swarm group whose sender is established (`sapo.node.peers`)."""
@@ -345,15 +412,20 @@ class SamplerService:
         headers = message_headers("TrainingBatch", node, value)
         key = batch.batch_id.encode()
         self._publisher.send_sync(self._topics.batches, key, value, headers, timeout_s=PUBLISH_TIMEOUT_S)
-        for entry in entries:
-            self._loop_of(entry.handle).finish(entry.handle)
+        if assembly.warm:  # history is read, never consumed: no offset to finish (sapo.node.warm)
+            self._metrics.warm_batches.inc()
+            self._metrics.warm_used.inc(len(entries))
+        else:
+            for entry in entries:
+                self._loop_of(entry.handle).finish(entry.handle)
         self._observe_batch(assembly, [e.scored for e in entries])
         log.info(
-            "emitted %s: %d local + %d external groups (round %s)",
+            "emitted %s: %d local + %d external groups (round %s%s)",
             batch.batch_id,
             len(assembly.local),
             len(assembly.external),
             batch.round,
+            ", warm start" if assembly.warm else "",
         )
         self.core.emitted()
 
@@ -366,7 +438,7 @@ class SamplerService:
         for scored in groups:
             if scored.origin == "local":
                 self._metrics.staleness.observe(max(0, self.sequence - scored.group.policy_version))
-            if scored.completed_s > 0:
+            if scored.completed_s > 0 and not assembly.warm:  # history's age would swamp the live one's
                 self._metrics.age.labels(scored.origin).observe(max(0.0, now - scored.completed_s))
 
     def _settle_discards(self) -> None:

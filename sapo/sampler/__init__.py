@@ -12,6 +12,7 @@ out. Module map:
 - `assembler`: the round modes lockstep / deadline / async; verifies lazily screened picks.
 - `intake`: per peer, what was received, rejected and used since the previous batch (`PeerIntake`).
 - `batch`: the TrainingBatch message and the history a restart recovers from the batch topic.
+- `warm`: warm start (late join) from the swarm topic's retained history, through the same screen.
 - `core`: `SamplerCore`, all of the above for one node without transport (service and in-process).
 - `settings`: `SamplerSettings`, the service's settings (imported from there, not from this package).
 """
@@ -37,6 +38,7 @@ from sapo.sampler.seen import SeenGroups
 from sapo.sampler.selection import Mix, MixPolicy, SelectionPolicy, pick_external, plan
 from sapo.sampler.sender import sender_of
 from sapo.sampler.verifier import Verifier
+from sapo.sampler.warm import WarmConfig, WarmStart, needs_warm_start
 
 __all__ = [
     "FRESH_REASONS",
@@ -63,11 +65,14 @@ __all__ = [
     "Unread",
     "Verifier",
     "VerifyMode",
+    "WarmConfig",
+    "WarmStart",
     "arrival_facts",
     "batch_id",
     "build_batch",
     "header_reason",
     "make_assembler",
+    "needs_warm_start",
     "next_sequence_of",
     "parse",
     "pick_external",

@@ -88,11 +88,13 @@ class AssemblyConfig:
 
 @dataclass(frozen=True)
 class Assembly(Generic[H]):
-    """The groups of one batch; `round` is the lock-step round (None in the streaming modes)."""
+    """The groups of one batch; `round` is the lock-step round (None in the streaming modes and for
+    warm-start batches, `warm`: `sapo.sampler.warm`)."""
 
     local: list[Entry[H]]
     external: list[Entry[H]]
     round: int | None = None
+    warm: bool = False
 
     @property
     def entries(self) -> list[Entry[H]]:
@@ -150,9 +152,10 @@ class Assembler(ABC, Generic[H]):
         """Drop entries without finishing them (their partition was revoked: another owner re-reads)."""
         return self.pool.take_where(lambda e: e.group_id in group_ids)
 
-    def skip_to_round(self, round_: int) -> None:
-        """Rounds before `round_` were trained (the trainer announced version `round_`): lock-step
-        never waits for them. The streaming modes have no rounds to skip."""
+    def skip_to_round(self, round_: int, expected: bool = False) -> None:
+        """Rounds before `round_` were trained (the trainer announced version `round_`, or warm start
+        replayed them: `expected`, logged as information): lock-step never waits for them. The
+        streaming modes have no rounds to skip."""
 
     def _checked(self, entry: Entry[H]) -> Entry[H] | None:
         """A picked entry in its verified form (replaced in the pool), or None when verification
@@ -278,10 +281,11 @@ class LockstepAssembler(Assembler[H]):
     def _in_window(self, round_: int) -> bool:
         return self.next_round <= round_ < self.next_round + LOCKSTEP_WINDOW
 
-    def skip_to_round(self, round_: int) -> None:
+    def skip_to_round(self, round_: int, expected: bool = False) -> None:
         if round_ <= self.next_round:
             return
-        log.warning(
+        log.log(
+            logging.INFO if expected else logging.WARNING,
             "lock-step: rounds %d..%d were trained already; continuing at %d",
             self.next_round,
             round_ - 1,

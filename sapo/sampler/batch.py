@@ -61,6 +61,7 @@ def build_batch(
     *,
     round_: int | None,
     created_at: Timestamp,
+    warm_start: bool = False,
 ) -> batch_pb2.TrainingBatch:
     """The batch message: groups in the given order (local first by convention). Refuses a group
     whose rewards are a sender's unverified claims: only this node's own rewards are trained on."""
@@ -82,6 +83,7 @@ def build_batch(
         ],
         offsets=offset_ranges(positions),
         created_at=created_at,
+        warm_start=warm_start,
     )
 
 
@@ -97,6 +99,8 @@ class History:
     """The lowest sequence the trainer's announcements say it accepts next (0: none read)."""
     trainer_version: int = 0
     """The newest version the trainer announced (0: none read)."""
+    warm_batches: int = 0
+    """Of `batches`, the warm-start ones (`sapo.sampler.warm`)."""
 
 
 class HistoryBuilder:
@@ -108,6 +112,7 @@ class HistoryBuilder:
         self._next_round = 0
         self._used: dict[str, None] = {}
         self._batches = 0
+        self._warm_batches = 0
         self._trainer = (0, 0)
 
     def add(self, batch: batch_pb2.TrainingBatch) -> None:
@@ -115,6 +120,7 @@ class HistoryBuilder:
             log.warning("batch %s of node %r in our batch topic: ignored", batch.batch_id, batch.node_id)
             return
         self._batches += 1
+        self._warm_batches += batch.warm_start
         self._next_sequence = max(self._next_sequence, batch.sequence + 1)
         self._next_round = max(self._next_round, batch.round + 1)
         for bg in batch.groups:
@@ -134,5 +140,10 @@ class HistoryBuilder:
 
     def history(self) -> History:
         return History(
-            self._next_sequence, self._next_round, tuple(self._used), self._batches, *self._trainer
+            self._next_sequence,
+            self._next_round,
+            tuple(self._used),
+            self._batches,
+            *self._trainer,
+            warm_batches=self._warm_batches,
         )

@@ -21,6 +21,10 @@ the sequence it expects. Two sources say how far the trainer got, each enough al
 
 In a node whose batch topic is intact both are no-ops: the trainer only trained what this sampler
 numbered. Lock-step rounds follow the announced version the same way (`Assembler.skip_to_round`).
+
+Warm start (`sapo.sampler.warm`) runs on the same screen before the first live group: `warm_start`
+makes it, its batches are built and numbered here like live ones, and `joined` moves lock-step to
+the round after them.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from sapo.sampler.assembler import Assembler, Assembly, AssemblyConfig, Discard,
 from sapo.sampler.batch import History, Position, build_batch
 from sapo.sampler.screen import Origin, Scored, Screen, ScreenConfig, Unread
 from sapo.sampler.seen import SeenGroups
+from sapo.sampler.warm import WarmConfig, WarmStart, needs_warm_start
 from sapo.v1 import batch_pb2, policy_pb2, rollout_pb2
 from sapo.wire import validate_batch
 
@@ -55,6 +60,8 @@ class SamplerCore(Generic[H]):
     def __init__(self, screen: ScreenConfig, assembly: AssemblyConfig, history: History) -> None:
         self.node_id = screen.node_id
         self.sequence = history.next_sequence
+        self.history = history
+        self._assembly_cfg = assembly
         seen = SeenGroups(screen.dedupe_capacity, history.used_group_ids)
         self.screen = Screen(screen, seen, on_arrival=self._arrived)
         self.assembler: Assembler[H] = make_assembler(assembly, history.next_round, self.screen.verify)
@@ -104,11 +111,24 @@ class SamplerCore(Generic[H]):
             positions,
             round_=assembly.round,
             created_at=created_at,
+            warm_start=assembly.warm,
         )
         problem = validate_batch(batch)
         if problem is not None:  # a bug here, never bad input: refuse to hand the trainer garbage
             raise RuntimeError(f"assembled an invalid batch {batch.batch_id}: {problem}")
         return batch
+
+    def warm_start(self, cfg: WarmConfig) -> WarmStart[H] | None:
+        """A warm start over this core's screen, or None when the node has trained already (its
+        history says so: `needs_warm_start`)."""
+        if not needs_warm_start(self.history):
+            return None
+        return WarmStart(cfg, self.screen, self._assembly_cfg, self.history.warm_batches)
+
+    def joined(self) -> None:
+        """Warm start is over: lock-step waits for the round of the next sequence (the version the
+        trainer will announce once it trained the warm batches)."""
+        self.assembler.skip_to_round(self.sequence, expected=True)
 
     def follow_trainer(self, next_sequence: int, version: int) -> int | None:
         """The trainer accepts sequences from `next_sequence` on and announced `version`: number the

@@ -289,6 +289,11 @@ class Screen:
         self._verifier = verifier or Verifier()
         self._on_arrival = on_arrival
 
+    def sibling(self, cfg: ScreenConfig, on_arrival: ArrivalHook | None) -> Screen:
+        """A screen with other bounds sharing this one's dedupe set and verifier caches (warm start
+        screens history with its own age bound: `sapo.sampler.warm`)."""
+        return Screen(cfg, self.seen, self._verifier, on_arrival)
+
     def check(
         self,
         group: rollout_pb2.RolloutGroup,

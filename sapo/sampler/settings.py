@@ -1,7 +1,8 @@
 """The sampler's settings: env prefix `SAPO_SAMPLER_`, nested with `__`.
 
 Grouped as: batch composition (I/J and how they move), round modes, trust bounds (which groups are
-usable at all, and when they are verified), selection, memory bounds, recovery. Every cross-field
+usable at all, and when they are verified), selection, memory bounds, recovery, warm start (the
+nested `WarmStartSettings`, `SAPO_SAMPLER_WARM_START__*`). Every cross-field
 rule fails at start with what to set, e.g. `SAPO_SAMPLER_LOCAL_GROUPS=0` and
 `SAPO_SAMPLER_EXTERNAL_GROUPS=0` together are refused.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Self
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from sapo.grpo.advantages import AdvantageScale
@@ -23,10 +24,50 @@ from sapo.sampler import (
     ScreenConfig,
     SelectionPolicy,
     VerifyMode,
+    WarmConfig,
 )
 from sapo.settings import LeaseSettings, PeerMetricsSettings, RoundSettings, ServiceSettings
 from sapo.tasks import config_digests, load_profile
 from sapo.tasks.datasets import UNSAFE_VERIFIERS, is_known_dataset
+
+
+class WarmStartSettings(BaseModel):
+    """Late join (`sapo.sampler.warm`): a node with no trained history of its own first trains on the
+    swarm topic's retained history, screened exactly as live groups, then joins live rounds."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = Field(
+        False,
+        description="Warm-start a node that has trained nothing yet (no batch of its own, its trainer "
+        "at version 0) from the swarm topic's retained history before its first live round.",
+    )
+    max_age_s: float = Field(
+        3600.0,
+        gt=0,
+        le=365 * 86_400,
+        description="History groups completed longer ago than this (when warm start began) are not "
+        "used (too_old); it replaces MAX_EXTERNAL_AGE_S for the history only.",
+    )
+    max_groups: int = Field(
+        512,
+        ge=1,
+        le=1_000_000,
+        description="The newest this many usable history groups are kept (memory bound, and how far "
+        "back warm start reaches); older ones are counted as evicted.",
+    )
+    max_batches: int = Field(
+        1000,
+        ge=1,
+        le=1_000_000,
+        description="Most warm-start batches (policy versions) a node emits. Lock-step: one per swarm "
+        "round before the one the node joins, empty for a round with no usable group, so the node's "
+        "rounds line up with the swarm's; a swarm further ahead than this is replayed only for its "
+        "newest rounds, and the node's rounds then do not line up.",
+    )
+
+    def config(self) -> WarmConfig:
+        return WarmConfig(self.max_age_s, self.max_groups, self.max_batches)
 
 
 class SamplerSettings(ServiceSettings, RoundSettings, LeaseSettings, PeerMetricsSettings):
@@ -67,7 +108,8 @@ class SamplerSettings(ServiceSettings, RoundSettings, LeaseSettings, PeerMetrics
     round_mode: RoundMode = Field(
         RoundMode.LOCKSTEP,
         description="lockstep: batch r = own and swarm round-r groups (the paper; needs a swarm that "
-        "starts together). deadline: emit with what arrived by deadline_s. async: emit once I and J are in.",
+        "starts together, or a late node's WARM_START to line its rounds up). deadline: emit with what "
+        "arrived by deadline_s. async: emit once I and J are in.",
     )
     expected_peers: int = Field(
         7, ge=0, le=100_000, description="Lock-step: peers whose round-r groups close round r early."
@@ -151,11 +193,22 @@ class SamplerSettings(ServiceSettings, RoundSettings, LeaseSettings, PeerMetrics
         5.0,
         gt=0,
         le=600,
-        description="Recovery reads the batch topic until nothing arrived for this long (longer than a "
-        "fetch wait; never relies on the high watermark).",
+        description="Recovery reads the batch topic (and warm start the swarm topic) until nothing arrived "
+        "for this long (longer than a fetch wait; never relies on the high watermark).",
     )
     recovery_timeout_s: float = Field(
-        300.0, gt=0, le=3600, description="Give up (exit) when recovery has not finished by then."
+        300.0,
+        gt=0,
+        le=3600,
+        description="Give up (exit) when recovery (or warm start's read of the swarm history) has not "
+        "finished by then.",
+    )
+
+    # --- late join ---
+    warm_start: WarmStartSettings = Field(
+        default_factory=WarmStartSettings,
+        description="Warm start from the swarm's history (WARM_START__ENABLED, WARM_START__MAX_AGE_S, "
+        "WARM_START__MAX_GROUPS, WARM_START__MAX_BATCHES).",
     )
 
     @model_validator(mode="after")

@@ -27,6 +27,14 @@ Differences from the services, all deliberate:
   `checkpoint_every` steps: the generators need them, here nobody does).
 - Nodes run one after another on one thread; the services run concurrently on every core.
 
+Late join (`joins`: node id -> round): such a node sits out the rounds before it, then, before its
+first round, its sampler warm-starts (`sapo.sampler.warm`, the service's own path) from the swarm's
+retained history, every group any node shared so far, and its trainer trains the warm batches. It
+joins the round given, not the highest one in the history as the service does: every earlier round
+is complete here. Without `SAPO_SAMPLER_WARM_START__ENABLED` it reads no history, and the same plan
+gives it one empty batch per missed round: lock-step samples round r with version r, so a late node
+must reach that version before it can take part, with or without what the history teaches.
+
 The run record (`sapo.swarm.history`) is the Kafka swarm's: `manifest.json`, `steps/<node>.jsonl` (the
 `StepMetrics` a `PolicyUpdate` would announce, `created_at` = wall clock right after the step) and
 `rounds/<node>.jsonl`, plus `summary.json` (`sapo.swarm.summary.summarize`).
@@ -41,7 +49,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -130,6 +138,28 @@ class LockstepSampler:
         if reason is not None:
             self.rejected[reason] += 1
 
+    def warm_start(
+        self, history: list[rollout_pb2.RolloutGroup], join_round: int, now_s: float
+    ) -> list[batch_pb2.TrainingBatch]:
+        """The warm-start batches up to `join_round` (module docstring: late join); `history` is read
+        only with warm start enabled, and its rejections are counted by reason under `warm_`."""
+        warm = self.core.warm_start(self.settings.warm_start.config())
+        if warm is None:
+            raise RuntimeError(f"{self.settings.node_id}: joins late after it trained: nothing to warm-start")
+        for group in history if self.settings.warm_start.enabled else []:
+            try:
+                warm.admit(group, None, now_s, Sender(group.node_id))
+            except InvalidMessageError as exc:
+                warm.rejected[exc.reason] += 1
+        assemblies = warm.plan(self.core.sequence, self.core.history.next_round, join_round)
+        self.rejected.update({f"warm_{k}": v for k, v in warm.rejected.items() if v})
+        batches = []
+        for assembly in assemblies:
+            batches.append(self.core.build(assembly, [], now_timestamp()))
+            self.core.emitted()
+        self.core.joined()
+        return batches
+
     def close_round(self, now_s: float) -> tuple[batch_pb2.TrainingBatch, float]:
         """The next lock-step batch and the timeout wait the service would have had before it."""
         cfg = self.settings
@@ -185,9 +215,20 @@ class InProcessSwarm:
     tests call `start`, `run_round` and `finish` to look at each round."""
 
     def __init__(
-        self, manifest: SwarmManifest, run_dir: Path, *, make_backend: BackendFactory = shared_backend
+        self,
+        manifest: SwarmManifest,
+        run_dir: Path,
+        *,
+        make_backend: BackendFactory = shared_backend,
+        joins: Mapping[str, int] | None = None,
     ) -> None:
         self.manifest = manifest
+        self.joins = dict(joins or {})
+        unknown = sorted(set(self.joins) - {n.id for n in manifest.nodes})
+        if unknown:
+            raise ConfigError(f"late joins name nodes the manifest does not have: {', '.join(unknown)}")
+        self.history: list[rollout_pb2.RolloutGroup] = []
+        """Every group shared so far: the swarm topic's retained history, for late joiners."""
         self.run_dir = run_dir
         self._make_backend = make_backend
         self.settings = {n.id: resolve(manifest, n, run_dir / "checkpoints") for n in manifest.nodes}
@@ -214,7 +255,10 @@ class InProcessSwarm:
     def run_round(self, round_: int, stop: StopFlag | None = None) -> list[NodeRound]:
         """Every node generates round `round_`, then every node trains its batch of that round.
         Nodes past their own round limit sit the round out. Stops between units once `stop` is set."""
-        active = [n for n in self.nodes if not n.pacing.finished(round_)]
+        active = [n for n in self.nodes if not n.pacing.finished(round_) and self._joined(n, round_)]
+        for node in active:
+            if self.joins.get(node.id, 0) == round_ > 0:
+                self._warm_start(node, round_)
         generated: dict[str, list[rollout_pb2.RolloutGroup]] = {}
         shared: dict[str, list[rollout_pb2.RolloutGroup]] = {}
         for node in active:
@@ -223,6 +267,8 @@ class InProcessSwarm:
             generated[node.id] = groups = node.generate(round_)
             shared[node.id] = node.shared(groups)
             append_row(self.run_dir / ROUNDS_DIR / f"{node.id}.jsonl", round_row(groups))
+        for node in active if self.joins else []:  # kept only when someone will read it
+            self.history.extend(shared[node.id])
         done: list[NodeRound] = []
         for node in active:
             if stop is not None and stop.is_set():
@@ -246,11 +292,33 @@ class InProcessSwarm:
         batch, waited = sampler.close_round(time.time())
         if waited:
             log.warning("%s: the services' lock-step sampler would wait %.0f s here", node.id, waited)
+        report = self._apply(node, batch)
+        own = generated[node.id]
+        return NodeRound(node.id, own, len(shared[node.id]), batch, report, waited)
+
+    def _joined(self, node: Node, round_: int) -> bool:
+        return self.joins.get(node.id, 0) <= round_
+
+    def _warm_start(self, node: Node, round_: int) -> None:
+        """A late joiner trains on the history before its first round (module docstring)."""
+        batches = node.sampler.warm_start(self.history, round_, time.time())
+        for batch in batches:
+            self._apply(node, batch)
+        groups = sum(len(b.groups) for b in batches)
+        log.info(
+            "%s joins at round %d after %d warm-start batches (%d groups)",
+            node.id,
+            round_,
+            len(batches),
+            groups,
+        )
+
+    def _apply(self, node: Node, batch: batch_pb2.TrainingBatch) -> StepReport:
+        """One training step of `node`, recorded as the trainer service announces it."""
         report = node.trainer.apply(batch)
         row = step_row(node.id, report.version, report.batch_id, step_metrics(report), time.time())
         append_row(self.run_dir / STEPS_DIR / f"{node.id}.jsonl", row)
-        own = generated[node.id]
-        return NodeRound(node.id, own, len(shared[node.id]), batch, report, waited)
+        return report
 
     def finish(self) -> list[Written]:
         """Write each node's current version as its final checkpoint (version 0 is already there)."""

@@ -32,7 +32,8 @@ Each row gets a `RowMode` saying which policy is pi_old (see `sapo.trainer.step`
 
 - BEHAVIOUR: local rows sampled from exactly the weights being trained (staleness 0). pi_old is the
   sampler's log-probs, so the first ratio measures the real sampler/trainer mismatch and clipping can act.
-- CORRECTED: rows with behaviour log-probs from other weights: local rows with staleness > 0, and
+- CORRECTED: rows with behaviour log-probs from other weights: local rows with staleness > 0, local rows
+  sampled from an approximation of the policy (`SamplingParams.quantization`, e.g. an int8 copy), and
   external rows in `external_logprobs="sender"` mode (same tokenizer, the peer's own policy). pi_old is
   the current policy; the truncated importance weight min(pi_old / pi_behaviour, cap) corrects for the
   sampler being a different policy.
@@ -172,7 +173,12 @@ class SequenceBuilder:
                 if behaviour is not None and not _aligned(behaviour, ids):
                     built.skipped["bad_logprobs"] += 1
                     continue
-                mode = _mode(behaviour, local=local, staleness=staleness)
+                mode = _mode(
+                    behaviour,
+                    local=local,
+                    staleness=staleness,
+                    approximated=bool(group.sampling.quantization),
+                )
             else:
                 ids, behaviour, mode = self._retokenized(completion), None, RowMode.ON_POLICY
             self._add_row(
@@ -255,7 +261,9 @@ def _aligned(behaviour: Sequence[float], ids: Sequence[int]) -> bool:
     return len(behaviour) == len(ids) and all(math.isfinite(x) for x in behaviour)
 
 
-def _mode(behaviour: Sequence[float] | None, *, local: bool, staleness: int) -> RowMode:
+def _mode(
+    behaviour: Sequence[float] | None, *, local: bool, staleness: int, approximated: bool = False
+) -> RowMode:
     if behaviour is None:
         return RowMode.ON_POLICY
-    return RowMode.BEHAVIOUR if local and staleness == 0 else RowMode.CORRECTED
+    return RowMode.BEHAVIOUR if local and staleness == 0 and not approximated else RowMode.CORRECTED

@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from sapo.v1 import rollout_pb2 as sapo_dot_v1_dot_rollout__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13sapo/v1/batch.proto\x12\x07sapo.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15sapo/v1/rollout.proto\"}\n\nBatchGroup\x12$\n\x05group\x18\x01 \x01(\x0b\x32\x15.sapo.v1.RolloutGroup\x12$\n\x06source\x18\x02 \x01(\x0e\x32\x14.sapo.v1.GroupSource\x12\x0f\n\x07rewards\x18\x03 \x03(\x02\x12\x12\n\nadvantages\x18\x04 \x03(\x02\"L\n\x0bOffsetRange\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\r\n\x05\x66irst\x18\x03 \x01(\x03\x12\x0c\n\x04last\x18\x04 \x01(\x03\"\xa3\x01\n\nPeerIntake\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x10\n\x08received\x18\x02 \x01(\r\x12\x0c\n\x04used\x18\x03 \x01(\r\x12\x33\n\x08rejected\x18\x04 \x03(\x0b\x32!.sapo.v1.PeerIntake.RejectedEntry\x1a/\n\rRejectedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"\xba\x02\n\rTrainingBatch\x12\x16\n\x0eschema_version\x18\x01 \x01(\r\x12\x10\n\x08\x62\x61tch_id\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x10\n\x08sequence\x18\x04 \x01(\x04\x12\x1d\n\x15target_policy_version\x18\x05 \x01(\x04\x12#\n\x06groups\x18\x06 \x03(\x0b\x32\x13.sapo.v1.BatchGroup\x12%\n\x07offsets\x18\x07 \x03(\x0b\x32\x14.sapo.v1.OffsetRange\x12.\n\ncreated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05round\x18\t \x01(\x04\x12\r\n\x05\x65poch\x18\n \x01(\x04\x12#\n\x06intake\x18\x0b \x03(\x0b\x32\x13.sapo.v1.PeerIntake*^\n\x0bGroupSource\x12\x1c\n\x18GROUP_SOURCE_UNSPECIFIED\x10\x00\x12\x16\n\x12GROUP_SOURCE_LOCAL\x10\x01\x12\x19\n\x15GROUP_SOURCE_EXTERNAL\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13sapo/v1/batch.proto\x12\x07sapo.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15sapo/v1/rollout.proto\"}\n\nBatchGroup\x12$\n\x05group\x18\x01 \x01(\x0b\x32\x15.sapo.v1.RolloutGroup\x12$\n\x06source\x18\x02 \x01(\x0e\x32\x14.sapo.v1.GroupSource\x12\x0f\n\x07rewards\x18\x03 \x03(\x02\x12\x12\n\nadvantages\x18\x04 \x03(\x02\"L\n\x0bOffsetRange\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\r\n\x05\x66irst\x18\x03 \x01(\x03\x12\x0c\n\x04last\x18\x04 \x01(\x03\"\xa3\x01\n\nPeerIntake\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x10\n\x08received\x18\x02 \x01(\r\x12\x0c\n\x04used\x18\x03 \x01(\r\x12\x33\n\x08rejected\x18\x04 \x03(\x0b\x32!.sapo.v1.PeerIntake.RejectedEntry\x1a/\n\rRejectedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"\xce\x02\n\rTrainingBatch\x12\x16\n\x0eschema_version\x18\x01 \x01(\r\x12\x10\n\x08\x62\x61tch_id\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x10\n\x08sequence\x18\x04 \x01(\x04\x12\x1d\n\x15target_policy_version\x18\x05 \x01(\x04\x12#\n\x06groups\x18\x06 \x03(\x0b\x32\x13.sapo.v1.BatchGroup\x12%\n\x07offsets\x18\x07 \x03(\x0b\x32\x14.sapo.v1.OffsetRange\x12.\n\ncreated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05round\x18\t \x01(\x04\x12\r\n\x05\x65poch\x18\n \x01(\x04\x12#\n\x06intake\x18\x0b \x03(\x0b\x32\x13.sapo.v1.PeerIntake\x12\x12\n\nwarm_start\x18\x0c \x01(\x08*^\n\x0bGroupSource\x12\x1c\n\x18GROUP_SOURCE_UNSPECIFIED\x10\x00\x12\x16\n\x12GROUP_SOURCE_LOCAL\x10\x01\x12\x19\n\x15GROUP_SOURCE_EXTERNAL\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,8 +35,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PEERINTAKE_REJECTEDENTRY']._loaded_options = None
   _globals['_PEERINTAKE_REJECTEDENTRY']._serialized_options = b'8\001'
-  _globals['_GROUPSOURCE']._serialized_start=776
-  _globals['_GROUPSOURCE']._serialized_end=870
+  _globals['_GROUPSOURCE']._serialized_start=796
+  _globals['_GROUPSOURCE']._serialized_end=890
   _globals['_BATCHGROUP']._serialized_start=88
   _globals['_BATCHGROUP']._serialized_end=213
   _globals['_OFFSETRANGE']._serialized_start=215
@@ -46,5 +46,5 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PEERINTAKE_REJECTEDENTRY']._serialized_start=410
   _globals['_PEERINTAKE_REJECTEDENTRY']._serialized_end=457
   _globals['_TRAININGBATCH']._serialized_start=460
-  _globals['_TRAININGBATCH']._serialized_end=774
+  _globals['_TRAININGBATCH']._serialized_end=794
 # @@protoc_insertion_point(module_scope)

@@ -64,7 +64,7 @@ class PeerIntake(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., received: _Optional[int] = ..., used: _Optional[int] = ..., rejected: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class TrainingBatch(_message.Message):
-    __slots__ = ("schema_version", "batch_id", "node_id", "sequence", "target_policy_version", "groups", "offsets", "created_at", "round", "epoch", "intake")
+    __slots__ = ("schema_version", "batch_id", "node_id", "sequence", "target_policy_version", "groups", "offsets", "created_at", "round", "epoch", "intake", "warm_start")
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +76,7 @@ class TrainingBatch(_message.Message):
     ROUND_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     INTAKE_FIELD_NUMBER: _ClassVar[int]
+    WARM_START_FIELD_NUMBER: _ClassVar[int]
     schema_version: int
     batch_id: str
     node_id: str
@@ -87,4 +88,5 @@ class TrainingBatch(_message.Message):
     round: int
     epoch: int
     intake: _containers.RepeatedCompositeFieldContainer[PeerIntake]
-    def __init__(self, schema_version: _Optional[int] = ..., batch_id: _Optional[str] = ..., node_id: _Optional[str] = ..., sequence: _Optional[int] = ..., target_policy_version: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[BatchGroup, _Mapping]]] = ..., offsets: _Optional[_Iterable[_Union[OffsetRange, _Mapping]]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., round: _Optional[int] = ..., epoch: _Optional[int] = ..., intake: _Optional[_Iterable[_Union[PeerIntake, _Mapping]]] = ...) -> None: ...
+    warm_start: bool
+    def __init__(self, schema_version: _Optional[int] = ..., batch_id: _Optional[str] = ..., node_id: _Optional[str] = ..., sequence: _Optional[int] = ..., target_policy_version: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[BatchGroup, _Mapping]]] = ..., offsets: _Optional[_Iterable[_Union[OffsetRange, _Mapping]]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., round: _Optional[int] = ..., epoch: _Optional[int] = ..., intake: _Optional[_Iterable[_Union[PeerIntake, _Mapping]]] = ..., warm_start: _Optional[bool] = ...) -> None: ...

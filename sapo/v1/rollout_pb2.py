@@ -26,19 +26,19 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from sapo.v1 import question_pb2 as sapo_dot_v1_dot_question__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15sapo/v1/rollout.proto\x12\x07sapo.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16sapo/v1/question.proto\"w\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\r\x12\x0c\n\x04seed\x18\x05 \x01(\x04\x12\x0c\n\x04stop\x18\x06 \x03(\t\"\x9c\x01\n\nCompletion\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12,\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x15.sapo.v1.FinishReason\x12\x13\n\x06reward\x18\x05 \x01(\x02H\x00\x88\x01\x01\x12\r\n\x05\x65rror\x18\x06 \x01(\tB\t\n\x07_reward\"\xc3\x03\n\x0cRolloutGroup\x12\x16\n\x0eschema_version\x18\x01 \x01(\r\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12#\n\x08question\x18\x04 \x01(\x0b\x32\x11.sapo.v1.Question\x12(\n\x0b\x63ompletions\x18\x05 \x03(\x0b\x32\x13.sapo.v1.Completion\x12\x10\n\x08model_id\x18\x06 \x01(\t\x12\x1d\n\x15tokenizer_fingerprint\x18\x07 \x01(\t\x12\x16\n\x0epolicy_version\x18\x08 \x01(\x04\x12)\n\x08sampling\x18\t \x01(\x0b\x32\x17.sapo.v1.SamplingParams\x12.\n\ncreated_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0c\x63ompleted_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05round\x18\x0c \x01(\x04\x12\x18\n\x10prompt_token_ids\x18\r \x03(\r\x12\x18\n\x10generate_seconds\x18\x0e \x01(\x01\x12\x10\n\x08position\x18\x0f \x01(\r*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15sapo/v1/rollout.proto\x12\x07sapo.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16sapo/v1/question.proto\"\x8d\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\r\x12\x0c\n\x04seed\x18\x05 \x01(\x04\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x14\n\x0cquantization\x18\x07 \x01(\t\"\x9c\x01\n\nCompletion\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12,\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x15.sapo.v1.FinishReason\x12\x13\n\x06reward\x18\x05 \x01(\x02H\x00\x88\x01\x01\x12\r\n\x05\x65rror\x18\x06 \x01(\tB\t\n\x07_reward\"\xc3\x03\n\x0cRolloutGroup\x12\x16\n\x0eschema_version\x18\x01 \x01(\r\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12#\n\x08question\x18\x04 \x01(\x0b\x32\x11.sapo.v1.Question\x12(\n\x0b\x63ompletions\x18\x05 \x03(\x0b\x32\x13.sapo.v1.Completion\x12\x10\n\x08model_id\x18\x06 \x01(\t\x12\x1d\n\x15tokenizer_fingerprint\x18\x07 \x01(\t\x12\x16\n\x0epolicy_version\x18\x08 \x01(\x04\x12)\n\x08sampling\x18\t \x01(\x0b\x32\x17.sapo.v1.SamplingParams\x12.\n\ncreated_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0c\x63ompleted_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05round\x18\x0c \x01(\x04\x12\x18\n\x10prompt_token_ids\x18\r \x03(\r\x12\x18\n\x10generate_seconds\x18\x0e \x01(\x01\x12\x10\n\x08position\x18\x0f \x01(\r*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sapo.v1.rollout_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=825
-  _globals['_FINISHREASON']._serialized_end=945
-  _globals['_SAMPLINGPARAMS']._serialized_start=91
-  _globals['_SAMPLINGPARAMS']._serialized_end=210
-  _globals['_COMPLETION']._serialized_start=213
-  _globals['_COMPLETION']._serialized_end=369
-  _globals['_ROLLOUTGROUP']._serialized_start=372
-  _globals['_ROLLOUTGROUP']._serialized_end=823
+  _globals['_FINISHREASON']._serialized_start=848
+  _globals['_FINISHREASON']._serialized_end=968
+  _globals['_SAMPLINGPARAMS']._serialized_start=92
+  _globals['_SAMPLINGPARAMS']._serialized_end=233
+  _globals['_COMPLETION']._serialized_start=236
+  _globals['_COMPLETION']._serialized_end=392
+  _globals['_ROLLOUTGROUP']._serialized_start=395
+  _globals['_ROLLOUTGROUP']._serialized_end=846
 # @@protoc_insertion_point(module_scope)

@@ -20,7 +20,6 @@ import random
 import signal
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,12 +36,14 @@ from sapo.topics import TopicNames
 from sapo.v1 import batch_pb2, policy_pb2, rollout_pb2
 from sapo.wire import decode
 from tests.faults.ledger import DeadLetter, NodeLedger, node_ledger, parse_dead_letter, totals
-from tests.integration.kafka_helpers import read_topic
+from tests.integration.kafka_helpers import read_topics
 from tests.s3 import S3Server
 
 MAX_BYTES = 1 << 26
 PROFILE = ConsumerProfile.local_durable()
 SERVICES = ("generator", "sampler", "trainer")
+#: Shorter than the default 30 s so that a killed holder's successor takes over sooner.
+LEASE_TTL_S = 12.0
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,9 @@ class ChaosPlan:
 
     nodes: int = 1
     rounds: int = 8
+    #: A random tiny model earns no reward: fine for one node, whose zero-advantage groups are kept,
+    #: but a swarm needs groups with a reward spread for anything to be shared (`warm-bpe:0`).
+    model: str = "tiny:1"
     seed: int = 0
     first_gap_s: tuple[float, float] = (2.0, 5.0)
     mean_gap_s: float = 10.0
@@ -138,7 +142,7 @@ def _manifest(plan: ChaosPlan, bootstrap: str, prefix: str, store: str) -> objec
             "bootstrap": bootstrap,
             "topic_prefix": prefix,
             "defaults": {
-                "model": "tiny:1",
+                "model": plan.model,
                 "questions_per_round": 4,
                 "completions_per_question": 4,
                 "local_groups": 4,  # every group with a signal is trained: nothing "unused"
@@ -151,12 +155,15 @@ def _manifest(plan: ChaosPlan, bootstrap: str, prefix: str, store: str) -> objec
                 # is late by construction and each must end in a batch.
                 # Every local group is trained, signal or not (the reference's baseline), so the
                 # accounting follows each one into a batch rather than into a "no signal" count.
+                # The lease outlives a broker outage (pause + restart + client reconnect), as the
+                # default 30 s does; a holder that cannot renew within it stops by design (fencing) and
+                # is restarted, which the run would count as an unplanned exit.
                 "sampler": {
                     "lockstep_local_timeout_s": 600,
-                    "lease_ttl_s": 6,
+                    "lease_ttl_s": LEASE_TTL_S,
                     "keep_local_zero_advantage": True,
                 },
-                "trainer": {"lease_ttl_s": 6},
+                "trainer": {"lease_ttl_s": LEASE_TTL_S},
             },
             "nodes": [{"id": f"node-{i}", "seed": 10 + i} for i in range(plan.nodes)],
         }
@@ -282,27 +289,24 @@ class Driver:
         self.faults.events.append(f"{time.strftime('%H:%M:%S')} {text}")
 
     def _account(self, swarm: Swarm, bootstrap: str) -> tuple[dict[str, NodeLedger], set[tuple[str, str]]]:
+        names = [TopicNames.for_node(node.id, self.prefix) for node in swarm.manifest.nodes]
+        wanted = [t for n in names for t in (n.policy, n.rollouts, n.batches, n.dlq)]
+        # Idle for four of the durable profile's fetch waits before the topics count as read whole.
+        records = read_topics(bootstrap, wanted, idle_timeout_s=8.0, profile=PROFILE)
         ledgers: dict[str, NodeLedger] = {}
         uris: set[tuple[str, str]] = set()
-        for node in swarm.manifest.nodes:
-            topics = TopicNames.for_node(node.id, self.prefix)
-            read = _reader(bootstrap)
-            updates = [decode(policy_pb2.PolicyUpdate, r.value, MAX_BYTES) for r in read(topics.policy)]
+        for topics in names:
+            updates = [decode(policy_pb2.PolicyUpdate, r.value, MAX_BYTES) for r in records[topics.policy]]
             uris |= {(u.manifest_uri, u.manifest_sha256) for u in updates}
-            ledgers[node.id] = node_ledger(
-                node.id,
-                [decode(rollout_pb2.RolloutGroup, r.value, MAX_BYTES) for r in read(topics.rollouts)],
-                [decode(batch_pb2.TrainingBatch, r.value, MAX_BYTES) for r in read(topics.batches)],
+            ledgers[topics.node_id] = node_ledger(
+                topics.node_id,
+                [decode(rollout_pb2.RolloutGroup, r.value, MAX_BYTES) for r in records[topics.rollouts]],
+                [decode(batch_pb2.TrainingBatch, r.value, MAX_BYTES) for r in records[topics.batches]],
                 updates,
-                [_dead_letter(r, topics.batches) for r in read(topics.dlq)],
+                [_dead_letter(r, topics.batches) for r in records[topics.dlq]],
                 keeps_zero_advantage=True,
             )
         return ledgers, uris
-
-
-def _reader(bootstrap: str) -> Callable[[str], list[Record]]:
-    # Idle for three of the durable profile's fetch waits before a topic counts as read whole.
-    return lambda topic: read_topic(bootstrap, topic, idle_timeout_s=8.0, profile=PROFILE)
 
 
 def _dead_letter(record: Record, batches_topic: str) -> DeadLetter:

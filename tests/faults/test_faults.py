@@ -38,11 +38,13 @@ def _run(plan: ChaosPlan, tmp_path: Path, s3: S3Server, prefix: str, monkeypatch
 
 
 def _plan(nodes: int, short_rounds: int) -> ChaosPlan:
+    model = "tiny:1" if nodes == 1 else "warm-bpe:0"
     if not SOAK:
-        return ChaosPlan(nodes=nodes, rounds=short_rounds, seed=int(os.environ.get("SAPO_SOAK_SEED", "0")))
+        return ChaosPlan(nodes, short_rounds, model, seed=int(os.environ.get("SAPO_SOAK_SEED", "0")))
     return ChaosPlan(
         nodes=nodes,
-        rounds=int(os.environ.get("SAPO_SOAK_ROUNDS", "30")),
+        model=model,
+        rounds=int(os.environ.get("SAPO_SOAK_ROUNDS", "40")),
         seed=int(os.environ.get("SAPO_SOAK_SEED", "1")),
         deadline_s=float(os.environ.get("SAPO_SOAK_DEADLINE_S", "5400")),
     )

@@ -249,3 +249,31 @@ def test_sample_invariants() -> None:
     with pytest.raises(ValueError, match="error"):
         Sample(text="a", token_ids=(1,), logprobs=(-1.0,), finish_reason="error")
     assert Sample.failed("boom").finish_reason == "error"
+
+
+def test_int8_rollouts_sample_from_a_quantized_copy_that_follows_weight_reloads(
+    tokenizer: PreTrainedTokenizerBase, prompts: list[list[int]]
+) -> None:
+    params = SamplingConfig(max_new_tokens=8, num_samples=2, seed=3, quantization="int8-dynamic")
+    backend = TransformersBackend(build_tiny_model(tokenizer, seed=0), tokenizer, quantization="int8-dynamic")
+    assert backend.quantization == "int8-dynamic"
+    assert any(isinstance(m, torch.nn.Linear) for m in backend.model.modules())  # the policy stays fp32
+    groups = backend.generate(prompts, params)
+    samples = [s for g in groups for s in g]
+    assert all(len(s.logprobs) == len(s.token_ids) and all(lp <= 0 for lp in s.logprobs) for s in samples)
+    # The recorded log-probs are the copy's: close to the fp32 policy's, not equal.
+    gaps = [
+        (torch.tensor(s.logprobs) - teacher_forced(backend.model, p, s, 1.0)).abs().max().item()
+        for p, g in zip(prompts, groups, strict=True)
+        for s in g
+    ]
+    assert 0 < max(gaps) < 0.5, gaps
+    # New weights reach the copy: sampling equals a fresh int8 backend built on those weights.
+    other = build_tiny_model(tokenizer, seed=1)
+    backend.load_weights({k: v.clone() for k, v in other.state_dict().items()}, version=1)
+    fresh = TransformersBackend(other, tokenizer, quantization="int8-dynamic")
+    assert backend.generate(prompts, params) == fresh.generate(prompts, params)
+    with pytest.raises(ValueError, match="samples with 'int8-dynamic'"):
+        backend.generate(prompts, SamplingConfig(max_new_tokens=2))
+    with pytest.raises(ValueError, match="quantization must be one of"):
+        TransformersBackend(other, tokenizer, quantization="int4")

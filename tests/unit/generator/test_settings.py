@@ -6,9 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from sapo.backends import TransformersBackend
 from sapo.generator import SharingPolicy
+from sapo.generator.groups import sampling_params
 from sapo.generator.settings import BackendKind, GeneratorSettings
 from sapo.models import BUNDLED_REF
+from sapo.node.build import build_backend, round_source
 from sapo.settings import ConfigError, load_settings
 from sapo.tasks import EASY_PROFILE
 
@@ -60,6 +63,9 @@ def test_node_seed_defaults_to_a_stable_function_of_the_node_id() -> None:
         ({"temperature": 0}, "SAPO_GENERATOR_TEMPERATURE"),
         ({"profile": "hard"}, "neither a built-in profile"),
         ({"device": "gpu"}, "SAPO_GENERATOR_DEVICE"),
+        ({"quantization": "int8-dynamic", "dtype": "bfloat16"}, "SAPO_GENERATOR_DTYPE=float32"),
+        ({"quantization": "int8-dynamic", "device": "cuda"}, "SAPO_GENERATOR_DEVICE=cpu"),
+        ({"quantization": "int4"}, "SAPO_GENERATOR_QUANTIZATION"),
     ],
 )
 def test_invalid_combinations_say_what_to_set(overrides: dict[str, object], says: str) -> None:
@@ -75,3 +81,12 @@ def test_profile_file(tmp_path: Path) -> None:
     path.write_text("no_such_task: {}\n")
     with pytest.raises(ConfigError, match="no_such_task"):
         load_settings(GeneratorSettings, node_id="node-a", profile=str(path))
+
+
+def test_quantized_rollouts_are_declared_on_every_group() -> None:
+    settings = load_settings(GeneratorSettings, node_id="node-a", model="tiny:0", quantization="int8-dynamic")
+    backend = build_backend(settings)
+    source = round_source(settings, backend.tokenizer)
+    assert isinstance(backend, TransformersBackend) and backend.quantization == "int8-dynamic"
+    assert source.sampling.quantization == "int8-dynamic"
+    assert sampling_params(source.sampling, seed=1).quantization == "int8-dynamic"

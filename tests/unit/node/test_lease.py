@@ -9,6 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sapo.kafka import Publisher, TransportMetrics
+from sapo.kafka.errors import DeliveryError
 from sapo.kafka.memory import MemoryBus, MemoryConsumerClient, MemoryPublisher
 from sapo.lifecycle import StopFlag
 from sapo.node.lease import FencedError, Lease, LeaseLostError, LeaseMetrics
@@ -120,3 +121,22 @@ def test_a_holder_that_cannot_renew_stops_writing_before_its_lease_could_expire(
     clock.now += TTL * 0.35
     with pytest.raises(LeaseLostError, match="renewed"):
         holder.check(before_write=True)
+
+
+def test_asking_for_the_lease_while_the_broker_is_away_retries_until_it_answers() -> None:
+    """A restart that meets a broker restart must not crash on the unacknowledged first write."""
+    bus, clock = MemoryBus(), Clock()
+
+    class Away(MemoryPublisher):
+        refusals = 2
+
+        def send_sync(self, *args: object, **kwargs: object) -> tuple[int, int]:
+            if self.refusals:
+                self.refusals -= 1
+                raise DeliveryError("no acknowledgement from the leases topic within 2.0s")
+            return super().send_sync(*args, **kwargs)  # type: ignore[arg-type]
+
+    publisher = Away(bus)
+    candidate = lease(bus, clock, "a", publisher)
+    assert candidate.acquire()
+    assert publisher.refusals == 0 and candidate.epoch > 0

@@ -245,3 +245,31 @@ def test_settings_are_the_services_own(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setenv("SAPO_SAMPLER_MAX_PER_SOURSE", "1")
     with pytest.raises(ConfigError, match="unknown setting"):
         resolve(m, m.nodes[0], tmp_path / "checkpoints")
+
+
+@pytest.mark.parametrize("warm", [True, False])
+def test_a_late_node_warm_starts_on_the_history_and_joins_the_swarm_round(tmp_path: Path, warm: bool) -> None:
+    """node-c joins at round 2 of 3: with warm start its first two steps train on the groups node-a
+    and node-b shared in rounds 0 and 1; without, they are empty; either way it samples round 2 with
+    version 2, as lock-step needs."""
+    m = manifest(rounds=3, sampler={"warm_start": {"enabled": warm}})
+    seeds = {n.id: n.seed or 0 for n in m.nodes}
+    swarm = InProcessSwarm(
+        m, tmp_path, make_backend=lambda t: RightWhenEven(t, seeds[t.node_id]), joins={"node-c": 2}
+    )
+    swarm.start()
+    done = [swarm.run_round(r) for r in range(swarm.rounds)]
+    assert [[r.node_id for r in rs] for rs in done] == [["node-a", "node-b"]] * 2 + [
+        ["node-a", "node-b", "node-c"]
+    ]
+    steps = read_rows(tmp_path / "steps" / "node-c.jsonl")
+    assert [s["batch_id"] for s in steps] == [f"node-c/{i}" for i in range(3)]
+    warm_steps = steps[:2]
+    assert all(s["local_completions"] == 0 for s in warm_steps)
+    assert any(s["external_completions"] for s in warm_steps) == warm
+    sources = {c["node"] for s in warm_steps for c in s.get("contributions", [])}
+    assert sources == ({"node-a", "node-b"} if warm else set())
+    (row,) = read_rows(tmp_path / "rounds" / "node-c.jsonl")
+    assert (row["round"], row["policy_version"]) == (2, 2)
+    with pytest.raises(ConfigError, match="node-x"):
+        InProcessSwarm(m, tmp_path / "other", joins={"node-x": 1})

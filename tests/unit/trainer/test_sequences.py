@@ -207,3 +207,19 @@ def test_completions_without_logprobs_train_on_policy(
     rows = _builder(tokenizer).build(b.training_batch(0, [b.batch_group(group, [1.0, 0.0])]), 0).rows
     assert [r.mode for r in rows] == [RowMode.ON_POLICY] * 2
     assert rows[0].sample.completion_ids == tuple(group.completions[0].token_ids)
+
+
+def test_rows_sampled_from_a_quantized_copy_are_importance_weighted_even_when_fresh(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, questions: list[question_pb2.Question]
+) -> None:
+    """Their behaviour log-probs are the int8 copy's, not the policy's: pi_old is the current policy and
+    min(pi_old / pi_behaviour, cap) corrects for the difference, as for a stale row."""
+    _, bad = b.answers(questions[0])
+    group = b.local_group(
+        model, tokenizer, questions[0], [questions[0].answer, bad], finish=[b.STOP, b.LENGTH]
+    )
+    group.sampling.quantization = "int8-dynamic"
+    batch = b.training_batch(0, [b.batch_group(group, [1.0, 0.0])])
+    built = _builder(tokenizer).build(batch, current_version=0)
+    assert built.staleness == [0]
+    assert [r.mode for r in built.rows] == [RowMode.CORRECTED] * 2
