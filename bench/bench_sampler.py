@@ -1,10 +1,12 @@
-"""Sampler filter throughput for a 1,000-node swarm, against the raw consume rate of the same messages.
+"""Sampler filter throughput for a 1,000-node swarm (or `--nodes 10000`), against the raw consume rate of
+the same messages.
 
 Real RolloutGroups (questions from each node's own easy-profile task stream, 8 completions that are
 the right answer or a wrong one with the sender's honest rewards, prompt token ids and per-token
-logprobs as a generator sends them: about 2 KB each) from 1,000 node ids go into one topic on the
-embedded broker. Then, alternating so machine noise hits every path alike, each path reads the whole
-topic through the real ConsumerLoop in a fresh consumer group:
+logprobs as a generator sends them: about 2.4 KB each, with the headers a generator writes, the
+`sapo-group-facts` header among them) from `--nodes` node ids go into one topic on the embedded
+broker. Then, alternating so machine noise hits every path alike, each path reads the whole topic
+through the real ConsumerLoop in a fresh consumer group:
 
 - raw: a no-op handler (the ceiling: broker fetch + the loop's bookkeeping);
 - prefilter: the header prefilter of a node that accepts one task of four (3/4 dropped unread),
@@ -12,31 +14,55 @@ topic through the real ConsumerLoop in a fresh consumer group:
 - eager: what the service does with SAPO_SAMPLER_VERIFY=eager: decode, validate, identity, age,
   dedupe, re-derivation from provenance, re-scoring of every distinct completion text, signal filter,
   advantages, pooling; and a batch of I=4 local / J=4 external groups emitted every
-  `--batch-every` groups read (default 1,000: each peer sends one group per batch, ~8x more batches
-  per group read than a 1,000-node swarm sharing 8 groups per round would cause);
-- lazy: the same with SAPO_SAMPLER_VERIFY=lazy: arrivals pass only the cheap filters and the
-  claimed-signal check; the J groups a batch picks are re-derived and re-scored then. The time spent
-  emitting batches is also reported per selected external group (the deferred verification);
+  `--batch-every` groups read (default 1,000: each peer of 1,000 sends one group per batch, ~4x more
+  batches per group read than a 1,000-node swarm sharing 8 groups per round causes, 40x at 10,000);
+- lazy: the same with SAPO_SAMPLER_VERIFY=lazy: arrivals are screened on the facts header alone
+  (never decoded: `Screen.check_facts`) and pooled as bytes; the J groups a batch picks are decoded,
+  checked against their headers, re-derived and re-scored then. The time spent emitting batches is
+  also reported per selected external group (the deferred verification);
+- lazy-old: lazy for an older sender's records (the facts header ignored): decoded and validated on
+  arrival, then the cheap filters and the claimed-signal check;
 - node: a node that trains on one task of four, eager: header prefilter, then the full pipeline.
 
 Fresh dedupe set, verifier caches and pool per pass. The I=4 local groups of each batch are
 verified before the timing (local groups are verified on arrival in both modes and come from the
-node's own generator, not from this topic). Rates count from the first record read (the group join
-is excluded). Target: eager or lazy >= 0.5 x raw.
+node's own generator, not from this topic). Everything alive before the passes is frozen out of the
+garbage collector, as a service does before its loop (`sapo.runtime.freeze_startup_objects`). Rates
+count from the first record read (the group join is excluded); "paired" is the median over rounds of
+a path's rate over the raw rate of the same round; "cpu us" is this process's CPU time per message
+(the consumer: Python and librdkafka's threads, not the broker's), and "cpu" its ratio to raw's: the
+rate ratio of a sampler with a core of its own and the broker elsewhere, as in a deployment. Target:
+eager or lazy >= 0.5 x raw (PASS/FAIL on the paired ratio).
 
-Last run (2-core dev machine shared with other jobs; medians of 3 passes): raw ~50k msgs/s (20 us per
-message), prefilter 0.85 x raw, eager ~1.8k msgs/s (0.035 x), lazy ~8.7k msgs/s (0.17 x, ~5x eager),
-node 0.18 x. Lazy's deferred verification: 0.48 ms per selected external group (80 per pass),
-~0.02 ms per message read at one batch per 1,000 groups; emitting a batch costs ~7 ms in both modes
-(expiry scan and shuffle of a full 4,096-group pool, plus lazy's J verifications). Lazy still misses
-0.5 x because of what every arrival must still do: per freshly consumed message, decode (~5 us) and
-structural validation (~15 us: 8 x 16 logprobs read out of protobuf, 2.3x faster than the former
-per-logprob loop) alone cost as much as the whole raw loop; the cheap filters add ~10 us and
-holding decoded groups in the pool ~10 us, and the broker and librdkafka share the two cores.
-Getting to 0.5 x needs arrival without decoding (the routing facts lazy checks, sent as headers;
-decode and validation of the picked groups only), a wire change beyond the sampler.
+Before the facts header (3 rounds; 2-core dev machine shared with other jobs, load average ~6):
+raw ~47k msgs/s, eager 0.040 x raw, lazy ~6.9k msgs/s (0.15 x; 0.17 x in a quieter run). Lazy
+arrival decoded (~5 us), validated (~15 us), screened (~10 us) and held decoded groups.
 
-    .venv/bin/python bench/bench_sampler.py [--nodes 1000] [--groups-per-node 20] [--rounds 3]
+Last runs (5 rounds, the same machine, load average 2-3.5; run to run the raw rate moves between
+~33k and ~80k msgs/s with the other jobs, so single ratios move by +-0.1):
+
+- 1,000 nodes x 20 groups: raw ~44k msgs/s (14.8 us CPU per message), lazy ~20k msgs/s: 0.46 x raw
+  by medians, 0.47 x paired, 0.40 x by CPU (37 us per message); lazy-old 0.20 x, eager 0.04 x,
+  node 0.19 x. FAIL, just: ~3 x the lazy ratio before, 2.3 x an older sender's records.
+- 10,000 nodes x 2 groups (`--nodes 10000 --groups-per-node 2`): raw ~62k msgs/s (14.4 us CPU), lazy
+  ~27k msgs/s: 0.44 x by medians, 0.42 x paired, 0.37 x by CPU (39 us); lazy-old 0.22 x, eager
+  0.045 x. One lazy sampler reads 3.4 x the 8,000 groups/s of 10,000 nodes sharing 8 groups per
+  10 s round (identity off; with identity on, the Ed25519 check of every record, ~0.1 ms here, is
+  most of the cost, and one such core does not keep up).
+- 1,000 nodes at the paper's batch rate (`--batch-every 4000`: 8 groups per node and round, 2
+  batches of I=4 per round), a quieter hour (load ~2): raw ~62k msgs/s (13.9 us CPU), lazy ~30k
+  msgs/s: 0.48 x by medians and paired, 0.45 x by CPU (31 us); lazy-old 0.24 x, eager 0.045 x.
+
+Where lazy's ~23 us of CPU per message above raw go (no broker, gc frozen): arrival ~10 us (facts
+header parsed ~1.6 us, the screening filters and the unverified entry ~3.5 us, pool admission and
+dedupe ~2 us, the sender and the loop's handler ~2 us); emitting the batches ~5-9 us per message
+at one batch per 1,000 groups read: ~7-9 ms per batch, of which the J=4 deferred verifications
+(decode, validation, re-derivation, re-scoring: ~0.45 ms each) ~2 ms, and the shuffle (random.shuffle
+of the 4,096-group pool, the uniform selection's draw) and two expiry scans of the whole pool the
+rest. At the paper's batch rate that share falls 4-40 x; drawing the order one candidate at a time
+would cut the shuffle to J candidates but changes which groups a seed picks, so it is not done here.
+
+    .venv/bin/python bench/bench_sampler.py [--nodes 1000] [--groups-per-node 20] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -65,6 +91,7 @@ from sapo.kafka import (
 )
 from sapo.kafka.consumer import Prefilter
 from sapo.lifecycle import StopFlag
+from sapo.runtime import freeze_startup_objects
 from sapo.sampler import (
     Assembler,
     RoundMode,
@@ -72,10 +99,13 @@ from sapo.sampler import (
     Screen,
     ScreenConfig,
     SeenGroups,
+    Unread,
     VerifyMode,
+    arrival_facts,
     header_reason,
     make_assembler,
     parse,
+    sender_of,
 )
 from sapo.sampler.settings import SamplerSettings
 from sapo.settings import ConsumerProfile
@@ -90,6 +120,9 @@ COMPLETIONS = 8
 PROMPT_TOKENS = 200
 COMPLETION_TOKENS = 16
 LOCAL_GROUPS, EXTERNAL_GROUPS = 4, 4
+GROUPS_PER_ROUND = 8
+"""Groups each node shares per round (the paper's questions per round, all shared): the offered load
+is nodes x 8 / round_s groups/s."""
 
 
 Message = tuple[bytes, bytes, list[tuple[str, bytes]]]
@@ -154,8 +187,10 @@ def build_local(count: int, seed: int) -> list[Scored]:
 
 def timed_read(
     bootstrap: str, count: int, handler: Callable[[Record], Disposition], prefilter: Prefilter | None
-) -> float:
-    """msgs/s of one full pass over the topic in a fresh group, from the first record on."""
+) -> tuple[float, float]:
+    """(msgs/s, CPU microseconds of this process per message) of one full pass over the topic in a
+    fresh group, from the first record on. The CPU time is the consumer's own (Python and the
+    librdkafka threads), without the broker's, which here shares the machine."""
     config = {"bootstrap.servers": bootstrap} | ConsumerProfile.local().to_librdkafka()
     client = KafkaConsumerClient(config, f"bench.{uuid.uuid4().hex[:8]}")
     metrics = TransportMetrics(CollectorRegistry(), "bench")
@@ -164,10 +199,10 @@ def timed_read(
     try:
         while not loop.step(0.5):
             pass
-        start, read = time.perf_counter(), 1
+        start, cpu, read = time.perf_counter(), time.process_time(), 1
         while read < count:
             read += loop.step(0.5)
-        return (count - 1) / (time.perf_counter() - start)
+        return (count - 1) / (time.perf_counter() - start), 1e6 * (time.process_time() - cpu) / (count - 1)
     finally:
         loop.close()
 
@@ -198,6 +233,7 @@ class Sampler:
     screen: Screen
     batch_every: int
     local: Iterator[Scored]
+    facts: bool = True  # lazy: screen on the facts header when there is one (False: as an older sender)
     verdicts: dict[str, int] = field(default_factory=dict)
     read: int = 0
     batches: int = 0
@@ -212,13 +248,22 @@ class Sampler:
 
     def handle(self, record: Record) -> Disposition:
         now = time.time()
-        group = parse(record.value, 1 << 20)
-        verdict = self.screen.check(group, "external", now, self.batches, Sender(group.node_id))
+        sender = sender_of(record.headers, record.value, "external", node_id=RECEIVER, store=None, now_s=now)
+        assert isinstance(sender, Sender) and record.value is not None
+        facts = arrival_facts(record.headers, "external", self.screen.cfg) if self.facts else None
+        verdict: Scored | str
+        if facts is not None:  # as SamplerService._admit: no decoding on arrival
+            verdict = self.screen.check_facts(Unread(record.value, record.headers, facts), now, sender)
+        else:
+            group = parse(record.value, 1 << 20, record.headers)
+            verdict = self.screen.check(group, "external", now, self.batches, sender)
         if isinstance(verdict, str):
             self._count(verdict)
-        elif self.assembler.add(verdict, record, now) is None:
+        elif (refusal := self.assembler.add(verdict, record, now)) is None:
             self.screen.seen.add(verdict.group_id)
             self._count("pooled")
+        else:
+            self._count(refusal)
         self.read += 1
         if self.read % self.batch_every == 0:
             self._emit(now)
@@ -263,12 +308,13 @@ def paths(
     def one_task_prefilter(record: Record) -> str | None:
         return header_reason(record.headers, "external", one_task)
 
-    def sampler(cfg: ScreenConfig) -> Sampler:
-        return Sampler(Screen(cfg, SeenGroups(1_000_000)), batch_every, iter(local))
+    def sampler(cfg: ScreenConfig, facts: bool = True) -> Sampler:
+        return Sampler(Screen(cfg, SeenGroups(1_000_000)), batch_every, iter(local), facts)
 
     samplers = {
         "eager": sampler(screen_config(None, VerifyMode.EAGER)),
         "lazy": sampler(screen_config(None, VerifyMode.LAZY)),
+        "lazy-old": sampler(screen_config(None, VerifyMode.LAZY), facts=False),
         "node": sampler(one_task),
     }
     return {
@@ -276,6 +322,7 @@ def paths(
         "prefilter": (noop, one_task_prefilter),
         "eager": (samplers["eager"].handle, None),
         "lazy": (samplers["lazy"].handle, None),
+        "lazy-old": (samplers["lazy-old"].handle, None),
         "node": (samplers["node"].handle, one_task_prefilter),
     }, samplers
 
@@ -283,6 +330,7 @@ def paths(
 def cost_per_message(messages: list[Message], sample: int = 2000) -> dict[str, float]:
     """Microseconds per message of each arrival stage, without the broker (no pooling)."""
     values = [v for _, v, _ in messages[-sample:]]
+    headers = [dict(h) for _, _, h in messages[-sample:]]
     groups = [parse(v, 1 << 20) for v in values]
     out = {}
     start = time.perf_counter()
@@ -295,17 +343,39 @@ def cost_per_message(messages: list[Message], sample: int = 2000) -> dict[str, f
         for group in groups:
             screen.check(group, "external", time.time(), 0, Sender(group.node_id))
         out[f"check, {verify}"] = 1e6 * (time.perf_counter() - start) / len(groups)
+    screen = Screen(screen_config(None, VerifyMode.LAZY), SeenGroups(1_000_000))
+    start = time.perf_counter()
+    for value, hs, group in zip(values, headers, groups, strict=True):
+        facts = arrival_facts(hs, "external", screen.cfg)
+        assert facts is not None
+        screen.check_facts(Unread(value, hs, facts), time.time(), Sender(group.node_id))
+    out["facts + check, lazy"] = 1e6 * (time.perf_counter() - start) / len(groups)
     return out
 
 
-def report(rates: dict[str, list[float]], samplers: dict[str, Sampler], messages: list[Message]) -> None:
-    raw = statistics.median(rates["raw"])
-    print(f"{'path':<10} {'median msgs/s':>14} {'vs raw':>7} {'us/msg':>7}   runs")
+def report(
+    rates: dict[str, list[float]],
+    cpu: dict[str, list[float]],
+    samplers: dict[str, Sampler],
+    messages: list[Message],
+    offered: float,
+) -> None:
+    raw, raw_cpu = statistics.median(rates["raw"]), statistics.median(cpu["raw"])
+    paired = {name: paired_ratio(values, rates["raw"]) for name, values in rates.items()}
+    head = ("msgs/s", "vs raw", "paired", "us/msg", "cpu us", "cpu")
+    print(
+        "path      "
+        + " ".join(f"{h:>{w}}" for h, w in zip(head, (9, 7, 7, 7, 7, 6), strict=True))
+        + "   runs"
+    )
     for name, values in rates.items():
-        median = statistics.median(values)
+        median, median_cpu = statistics.median(values), statistics.median(cpu[name])
         runs = " ".join(f"{v:,.0f}" for v in values)
-        print(f"{name:<10} {median:>14,.0f} {median / raw:>7.3f} {1e6 / median:>7.1f}   {runs}")
-    for name in ("eager", "lazy"):
+        print(
+            f"{name:<10}{median:>9,.0f} {median / raw:>7.3f} {paired[name]:>7.3f} {1e6 / median:>7.1f} "
+            f"{median_cpu:>7.1f} {raw_cpu / median_cpu:>6.3f}   {runs}"
+        )
+    for name in ("eager", "lazy", "lazy-old"):
         s = samplers[name]
         print(
             f"{name} (last pass): {s.batches} batches of I={LOCAL_GROUPS}/J={EXTERNAL_GROUPS} "
@@ -321,9 +391,17 @@ def report(rates: dict[str, list[float]], samplers: dict[str, Sampler], messages
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS of the bench process (messages + samplers): {peak_mib:,.0f} MiB")
     best = max(statistics.median(rates["eager"]), statistics.median(rates["lazy"]))
-    verdict = "meets" if best >= 0.5 * raw else "below"
-    print(f"best full path {verdict} the target of 0.5 x raw")
-    print(f"{'PASS' if best >= 0.5 * raw else 'FAIL'}: best full path {best / raw:.3f} x raw (target >= 0.5)")
+    keeps_up = "keeps" if best >= offered else "does not keep"
+    print(f"best full path {best:,.0f} msgs/s {keeps_up} up with the swarm's {offered:,.0f} groups/s")
+    ratio = max(paired["eager"], paired["lazy"])
+    print(f"{'PASS' if ratio >= 0.5 else 'FAIL'}: best full path {ratio:.3f} x raw, paired (target >= 0.5)")
+
+
+def paired_ratio(values: list[float], raw: list[float]) -> float:
+    """Median over rounds of a path's rate over the raw rate of the same round: the passes of one
+    round run within seconds of each other, so load from other jobs that comes and goes between
+    rounds moves both sides of each ratio."""
+    return statistics.median(v / r for v, r in zip(values, raw, strict=True))
 
 
 def main() -> None:
@@ -332,8 +410,14 @@ def main() -> None:
     )
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--groups-per-node", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--batch-every", type=int, default=1000, help="groups read per emitted batch")
+    parser.add_argument(
+        "--round-s",
+        type=float,
+        default=10.0,
+        help="round length the keep-up line assumes (bench_swarm_load's fast GPU swarm)",
+    )
     args = parser.parse_args()
 
     started = time.perf_counter()
@@ -349,12 +433,17 @@ def main() -> None:
             pub.send(TOPIC, key, value, headers)
         assert pub.flush(60) == 0
         del pub  # an open producer connection holds the broker's shutdown up by seconds
-        rates: dict[str, list[float]] = {"raw": [], "prefilter": [], "eager": [], "lazy": [], "node": []}
+        freeze_startup_objects()  # as a service before its loop (here also the simulated swarm's messages)
+        names = ("raw", "prefilter", "eager", "lazy", "lazy-old", "node")
+        rates: dict[str, list[float]] = {name: [] for name in names}
+        cpu: dict[str, list[float]] = {name: [] for name in names}
         for _ in range(args.rounds):
             handlers, samplers = paths(frozenset({EASY_PROFILE[0].name}), local, args.batch_every)
             for name, (handler, prefilter) in handlers.items():
-                rates[name].append(timed_read(broker.bootstrap, len(messages), handler, prefilter))
-    report(rates, samplers, messages)
+                rate, cpu_us = timed_read(broker.bootstrap, len(messages), handler, prefilter)
+                rates[name].append(rate)
+                cpu[name].append(cpu_us)
+    report(rates, cpu, samplers, messages, args.nodes * GROUPS_PER_ROUND / args.round_s)
     print(f"total {time.perf_counter() - started:.0f} s")
 
 

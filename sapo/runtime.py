@@ -2,7 +2,8 @@
 
 `serve` is the one shape of the three entrypoints: arguments (`--help` only: services are configured
 through the environment) -> settings -> runtime -> the service, built from both -> run until SIGTERM
--> close the service -> close the runtime.
+-> close the service -> close the runtime. Before its loop runs, what the process built to start is
+frozen out of the garbage collector's full passes (`freeze_startup_objects`).
 
 Order on start: logging -> resolved config logged (secrets masked) -> registry and metrics -> ops
 server -> signal handlers -> producers. Order on stop (SIGTERM sets the stop flag; the loop finishes
@@ -13,6 +14,7 @@ server.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import uuid
 from collections.abc import Callable, Sequence
@@ -168,6 +170,15 @@ def parse_service_args(name: str, settings_class: type[ServiceSettings], argv: S
     parser.parse_args(argv)
 
 
+def freeze_startup_objects() -> None:
+    """Move everything alive once a service is built (imported libraries, its model, its recovered
+    state: it all lives as long as the process) out of the cyclic garbage collector's reach, after
+    collecting what start-up left behind. Otherwise every full collection rescans it: ~470,000
+    objects and 0.4 s of a sampler process's loop, measured on a 2-core machine (bench_sampler)."""
+    gc.collect()
+    gc.freeze()
+
+
 def serve(
     name: str,
     settings_class: type[S],
@@ -190,6 +201,7 @@ def serve(
         service = build(settings, runtime)
         if service is None:
             return 0
+        freeze_startup_objects()
         try:
             service.run()
         finally:

@@ -23,6 +23,9 @@ Delivery semantics (at-least-once in; batch ids out exactly once):
   restart is safe for the same reason (the batch is either in the topic and recovered, or not).
 - SIGTERM: the current step ends, both consumers commit what is finished and leave the group; the
   pool is re-delivered to the next start.
+- Lazy verification (SAPO_SAMPLER_VERIFY=lazy): a swarm record with a facts header
+  (`sapo.wire.GroupFacts`) is screened and pooled on its headers and never decoded unless the
+  selection picks it; one without (an older sender) is decoded on arrival as in eager mode.
 - Identity (`IDENTITY__MODE` strict or tofu): every swarm record's signature is verified before it
   is decoded (`sapo.sampler.sender`), and the decoded group must name the verified node; the keys
   topic, when followed, is read to its end before the swarm stream is consumed, then polled in
@@ -73,6 +76,8 @@ from sapo.sampler import (
     Origin,
     SamplerCore,
     Scored,
+    Unread,
+    arrival_facts,
     header_reason,
     needs_warm_start,
     parse,
@@ -86,6 +91,8 @@ from sapo.v1.rollout_pb2 import RolloutGroup
 from sapo.wire import InvalidMessageError, message_headers, now_timestamp
 
 log = logging.getLogger(__name__)
+AdmitUnread = Callable[[Unread, Sender, float], str | None]
+"""Admits a swarm record on its facts header, undecoded (`SamplerCore.admit_unread`)."""
 
 SERVICE = "sampler"
 IDLE_WAIT_S = 0.02
@@ -296,11 +303,18 @@ class SamplerService:
             self._jumped(previous, why)
             return reason
 
-        return self._judge(origin, record, admit)
+        def admit_unread(unread: Unread, sender: Sender, now: float) -> str | None:
+            return self.core.admit_unread(unread, record, now, sender)
 
-    def _judge(self, origin: Origin, record: Record, admit: Admit) -> str | None:
+        return self._judge(origin, record, admit, admit_unread)
+
+    def _judge(
+        self, origin: Origin, record: Record, admit: Admit, admit_unread: AdmitUnread | None = None
+    ) -> str | None:
         """Identify (before decoding) and decode one record, then `admit` it and count the verdict per
-        peer; the reason it was not taken. The one path of live and warm-start records."""
+        peer; the reason it was not taken. The one path of live and warm-start records. With
+        `admit_unread` (live records), a lazy sampler admits a swarm record with a facts header
+        undecoded instead (`sapo.sampler.screen.arrival_facts`)."""
         now = self._clock()
         node, gate = self._settings.node_id, self._identity
         sender = sender_of(record.headers, record.value, origin, node_id=node, store=gate, now_s=now)
@@ -308,6 +322,11 @@ class SamplerService:
             return sender
         peer = sender.node_id  # "" with identity off and no node header: the body names it
         try:
+            facts = arrival_facts(record.headers, origin, self.core.screen.cfg) if admit_unread else None
+            if facts is not None and admit_unread and peer and record.value is not None:
+                reason = admit_unread(Unread(record.value, record.headers, facts), sender, now)
+                self._peer_verdict(origin, peer, reason)
+                return reason
             group = parse(record.value, self._settings.max_payload_bytes, record.headers)
             peer = peer or group.node_id
             reason = admit(group, sender, now)

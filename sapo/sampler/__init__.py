@@ -3,7 +3,7 @@
 No Kafka here: the service (`sapo.node.sampler`) feeds consumed messages in and publishes what comes
 out. Module map:
 - `screen`: header prefilter, bounded decode, the per-group filter pipeline, rejection reasons,
-  eager or lazy (at selection) verification.
+  eager or lazy (at selection) verification, lazy arrival on the facts header without decoding.
 - `sender`: who sent a group (the verified node identity on the swarm stream, `sapo.identity`).
 - `seen`: the bounded dedupe set of group ids.
 - `verifier`: re-derivation and local rewards, with result caching that never skips a check.
@@ -28,7 +28,9 @@ from sapo.sampler.screen import (
     Scored,
     Screen,
     ScreenConfig,
+    Unread,
     VerifyMode,
+    arrival_facts,
     header_reason,
     parse,
 )
@@ -60,10 +62,12 @@ __all__ = [
     "ScreenConfig",
     "SeenGroups",
     "SelectionPolicy",
+    "Unread",
     "Verifier",
     "VerifyMode",
     "WarmConfig",
     "WarmStart",
+    "arrival_facts",
     "batch_id",
     "build_batch",
     "header_reason",

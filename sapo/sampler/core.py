@@ -36,7 +36,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from sapo.identity import Sender
 from sapo.sampler.assembler import Assembler, Assembly, AssemblyConfig, Discard, make_assembler
 from sapo.sampler.batch import History, Position, build_batch
-from sapo.sampler.screen import Origin, Scored, Screen, ScreenConfig
+from sapo.sampler.screen import Origin, Scored, Screen, ScreenConfig, Unread
 from sapo.sampler.seen import SeenGroups
 from sapo.sampler.warm import WarmConfig, WarmStart, needs_warm_start
 from sapo.v1 import batch_pb2, policy_pb2, rollout_pb2
@@ -76,13 +76,24 @@ class SamplerCore(Generic[H]):
         if origin == "local" and group.node_id == self.node_id:  # announced first: module docstring
             self.follow_trainer(group.policy_version, group.policy_version)
         verdict = self.screen.check(group, origin, now_s, self.sequence, sender)
+        return self._pool(verdict, origin, handle, now_s)
+
+    def admit_unread(self, unread: Unread, handle: H, now_s: float, sender: Sender) -> str | None:
+        """`admit` of a swarm group on its facts header, without decoding it (`Screen.check_facts`;
+        `sapo.sampler.screen.arrival_facts` says when). `sender` must name a node."""
+        if not sender.node_id:
+            raise ValueError("a group screened on its headers needs the node its sender names")
+        return self._pool(self.screen.check_facts(unread, now_s, sender), "external", handle, now_s)
+
+    def _pool(self, verdict: Scored | str, origin: Origin, handle: H, now_s: float) -> str | None:
+        """Pool a screened group; the reason it was not pooled, or None."""
         if isinstance(verdict, Scored) or verdict in FRESH_REASONS:
             self.assembler.screened(origin)
         if isinstance(verdict, str):
             return verdict
         refusal = self.assembler.add(verdict, handle, now_s)
         if refusal is None:
-            self.screen.seen.add(group.group_id)
+            self.screen.seen.add(verdict.group_id)
         return refusal
 
     def next_batch(self, now_s: float) -> Assembly[H] | None:

@@ -6,7 +6,8 @@ Steps run cheapest first, so most of a large swarm's traffic is dropped before i
    not accepted, unknown schema version). Then, still before decoding, who sent it
    (`sapo.sampler.sender`: the signature verified against the node's trust list, `sapo.identity`).
 2. `parse`: bounded decode and structural validation, including that the body agrees with the
-   routing headers (`InvalidMessageError` -> dead letter).
+   routing and facts headers (`InvalidMessageError` -> dead letter). Lazy mode skips this step on
+   arrival for swarm records with a facts header (see below).
 3. `Screen.check`: identity (the decoded group is the verified sender's, of an accepted task and of
    a dataset configuration the node accepts, by provenance digest: a peer cannot make the node
    re-derive enormous or unknown datasets; only then does lock-step count it as arrived), age
@@ -45,6 +46,23 @@ When step 3's verification runs (`VerifyMode`, setting `SAPO_SAMPLER_VERIFY`):
   expired, evicted or unused, never verified nor dead-lettered.
   Local groups are always verified on arrival (a node's own are few, and lock-step counts them).
 
+  Arrival without decoding (`arrival_facts`, `Screen.check_facts`): a swarm group whose record carries
+  the facts header (`sapo.wire.GroupFacts`: id, round, completed_at, config digest, split, scored
+  completions, claimed signal; written by every generator since it exists) is screened and pooled
+  on the headers alone; its body is kept as bytes and decoded, validated and checked against the
+  headers (`facts_mismatch`, dead-lettered as any header/body mismatch) only when the selection
+  picks it, right before re-derivation and re-scoring. The filters are the same, in the same order,
+  so an honest record gets the verdict its decoded body would get. A record without the header (an
+  older sender) is decoded on arrival as above. What a lying header can do is what a lying reward
+  claim can: take its sender's own pool share and one verification per pick. It cannot speak for
+  another node: the pool keys on the sender (`sapo.sampler.sender`), whose signature, with identity
+  on, is verified on arrival over the node header and the payload, before the group may take or
+  free any place in the pool, so a forged identity never evicts anyone's group. That check (~0.1 ms
+  of Ed25519 per record on a 2-core machine) is then most of an arrival's cost. Deferring it to the
+  groups the pool would admit is possible (a refusal changes nothing, and fairness refuses on the
+  claimed identity's count alone) but not done: lock-step arrivals, per-peer accounting and
+  first-use pinning would then see identities nobody verified.
+
 Every rejection is a short reason from `REASONS`, safe as a metric label. Malformed and unverifiable
 input raises `InvalidMessageError` so the consumer loop dead-letters it; everything else (a stale,
 duplicate or signal-free group is a normal event) is returned as a reason and only counted.
@@ -56,7 +74,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Final, Literal
+from typing import Final, Literal, NamedTuple
 
 from sapo.convert import question_from_proto
 from sapo.grpo.advantages import SIGNAL_TOLERANCE, AdvantageScale, group_advantages, has_signal
@@ -70,9 +88,13 @@ from sapo.wire import (
     H_SCHEMA,
     H_TASK,
     SCHEMA_VERSION,
+    GroupFacts,
     InvalidMessageError,
     decode,
+    facts_problem,
+    group_facts,
     header_str,
+    read_facts,
     validate_rollout_group,
 )
 
@@ -88,6 +110,9 @@ MALFORMED_REASONS: Final = (
     "schema_version",
     # parse: the body says another task than the (signed) routing headers
     "header_mismatch",
+    # parse and the facts arrival path: the sapo-group-facts header is malformed or says other than
+    # the body (sapo.wire.GroupFacts)
+    "facts_mismatch",
     # sapo.wire.validate_rollout_group
     "bad_group_id",
     "missing_node_id",
@@ -164,6 +189,9 @@ class Scored:
     advantages: tuple[float, ...]
     completed_s: float  # completed_at as epoch seconds; 0.0 when unset
     verified: bool = True
+    unread: Unread | None = None
+    """Set when the group was screened on its facts header alone (`Screen.check_facts`): `group` then
+    holds only the id, node and round those headers state, and `Screen.verify` decodes this body."""
 
     @property
     def group_id(self) -> str:
@@ -182,6 +210,16 @@ class Scored:
     @property
     def mean_reward(self) -> float:
         return sum(self.rewards) / len(self.rewards)
+
+
+class Unread(NamedTuple):
+    """The undecoded body of a group pooled on its headers, the headers it came with and the facts
+    it was screened on. The service's handle (the consumed record) holds the same bytes, so pooling
+    them costs no copy. A named tuple: one is built per record a lazy sampler reads."""
+
+    value: bytes
+    headers: Mapping[str, bytes]
+    facts: GroupFacts
 
 
 ArrivalHook = Callable[[rollout_pb2.RolloutGroup, Origin, float], None]
@@ -206,16 +244,26 @@ def header_reason(headers: Mapping[str, bytes], origin: Origin, cfg: ScreenConfi
     return None
 
 
+def arrival_facts(headers: Mapping[str, bytes], origin: Origin, cfg: ScreenConfig) -> GroupFacts | None:
+    """The facts to screen a swarm group on without decoding it (`Screen.check_facts`): lazy mode and
+    a facts header present; None when the group must be decoded on arrival (eager mode, the node's own
+    groups, a sender that does not write the header). Raises InvalidMessageError when it is malformed."""
+    if cfg.verify is not VerifyMode.LAZY or origin != "external":
+        return None
+    return read_facts(headers)
+
+
 def parse(
     value: bytes | None, max_bytes: int, headers: Mapping[str, bytes] | None = None
 ) -> rollout_pb2.RolloutGroup:
-    """Decode (size checked first) and validate the structure, and that the body says the task the
-    routing headers said (a filter trusted the header); raises InvalidMessageError."""
+    """Decode (size checked first) and validate the structure, and that the body says what the
+    headers said (the task a filter trusted, the facts a lazy sampler pooled it on); raises
+    InvalidMessageError."""
     group = decode(rollout_pb2.RolloutGroup, value, max_bytes)
     problem = validate_rollout_group(group)
     if problem is None and headers is not None:
         task = header_str(headers, H_TASK)
-        problem = "header_mismatch" if task and task != group.question.task else None
+        problem = "header_mismatch" if task and task != group.question.task else facts_problem(group, headers)
     if problem is not None:
         raise InvalidMessageError(problem, f"group {group.group_id!r} from {group.node_id!r}")
     return group
@@ -281,7 +329,7 @@ class Screen:
             return reason
         if group.group_id in self.seen:
             return "duplicate"
-        reason = _split_reason(group)
+        reason = _split_reason(group.question.provenance.split, group.group_id, group.node_id)
         if reason is not None:
             return reason
         kept = [c for c in group.completions if c.finish_reason != _ERROR]
@@ -295,13 +343,62 @@ class Screen:
         group = _with_completions(group, kept) if len(kept) < len(group.completions) else group
         return Scored(group, origin, tuple(claimed), (), completed_seconds(group), verified=False)
 
+    def check_facts(self, unread: Unread, now_s: float, sender: Sender) -> Scored | str:
+        """`check` of a lazily screened swarm group, on its facts header instead of its body
+        (`arrival_facts`): the same filters in the same order, and an unverified `Scored` that holds
+        the undecoded body. `sender` must name the node (identity verified the signature over the
+        node header, or with identity off the header is all there is). Whether the body says what
+        the facts say is checked when `verify` decodes it: a lie costs the liar's own pool share
+        until then, and is dead-lettered then ("facts_mismatch")."""
+        if len(unread.value) > self.cfg.max_payload_bytes:  # as `decode` would: the pool holds the bytes
+            raise InvalidMessageError(
+                "oversized", f"{len(unread.value)} bytes > {self.cfg.max_payload_bytes}"
+            )
+        node, facts = sender.node_id, unread.facts
+        task = header_str(unread.headers, H_TASK)
+        reason = self._identity_reason_of(node, task, facts.config_digest, "external")
+        if reason is not None:
+            return reason
+        group = rollout_pb2.RolloutGroup(group_id=facts.group_id, node_id=node, round=facts.round)
+        if self._on_arrival is not None:
+            self._on_arrival(group, "external", now_s)
+        if self._too_old(facts.completed_s, now_s):
+            return "too_old"
+        if facts.group_id in self.seen:
+            return "duplicate"
+        reason = _split_reason(facts.split, facts.group_id, node)
+        if reason is not None:
+            return reason
+        if facts.scored < MIN_COMPLETIONS:
+            return "too_few_completions"
+        if not facts.signal:
+            return "no_signal_claimed"
+        return Scored(group, "external", (), (), facts.completed_s, verified=False, unread=unread)
+
     def verify(self, scored: Scored) -> Scored | str:
-        """The verified form of a group `check` passed unverified, or the reason it is not used
-        ("too_few_completions", "no_signal"); raises InvalidMessageError when the group is not what
-        its provenance says. A verified group is returned as it is."""
+        """The verified form of a group `check` or `check_facts` passed unverified, or the reason it
+        is not used ("too_few_completions", "no_signal"); raises InvalidMessageError when the group
+        is malformed, not what its headers or its provenance say. A verified group is returned as it is."""
         if scored.verified:
             return scored
-        return self._score(scored.group, list(scored.group.completions), scored.origin)
+        if scored.unread is None:
+            return self._score(scored.group, list(scored.group.completions), scored.origin)
+        group = self._decoded(scored, scored.unread)
+        kept = [c for c in group.completions if c.finish_reason != _ERROR]
+        return self._score(group, kept, scored.origin)
+
+    def _decoded(self, scored: Scored, unread: Unread) -> rollout_pb2.RolloutGroup:
+        """The body of a group pooled on its facts: decoded, validated, and the group its headers
+        described (same facts, same node as the sender it was pooled for)."""
+        group = parse(unread.value, self.cfg.max_payload_bytes, unread.headers)
+        if group.node_id != scored.peer:
+            raise InvalidMessageError(
+                "identity_mismatch",
+                f"group {group.group_id} names {group.node_id!r}, sent by {scored.peer!r}",
+            )
+        if group_facts(group) != unread.facts:  # `parse` compared the header too; this is what was pooled
+            raise InvalidMessageError("facts_mismatch", f"group {group.group_id} from {group.node_id}")
+        return group
 
     def _score(
         self, group: rollout_pb2.RolloutGroup, kept: list[rollout_pb2.Completion], origin: Origin
@@ -322,14 +419,24 @@ class Screen:
         return Scored(group, origin, tuple(rewards), tuple(advantages), completed_seconds(group))
 
     def _identity_reason(self, group: rollout_pb2.RolloutGroup, origin: Origin) -> str | None:
-        if origin == "external" and group.node_id == self.cfg.node_id:
+        question = group.question
+        return self._identity_reason_of(
+            group.node_id, question.task, question.provenance.config_digest, origin
+        )
+
+    def _identity_reason_of(self, node: str, task: str, config_digest: str, origin: Origin) -> str | None:
+        if origin == "external" and node == self.cfg.node_id:
             return "own_node"
         accepted = self.cfg.accepted_tasks
-        if accepted is not None and group.question.task not in accepted:
+        if accepted is not None and task not in accepted:
             return "task_not_accepted"
-        if origin == "external" and group.question.provenance.config_digest not in self.cfg.accepted_configs:
+        if origin == "external" and config_digest not in self.cfg.accepted_configs:
             return "config_not_accepted"  # before any re-derivation: its cost stays bounded by our configs
         return None
+
+    def _too_old(self, completed_s: float, now_s: float) -> bool:
+        """A swarm group's age since completed_at (unset = infinitely old) is over the bound."""
+        return completed_s == 0.0 or now_s - completed_s > self.cfg.max_external_age_s
 
     def _freshness_reason(
         self, group: rollout_pb2.RolloutGroup, origin: Origin, now_s: float, target_version: int
@@ -338,22 +445,20 @@ class Screen:
         the group's sampling policy and the batch it would join. A peer's policy version says
         nothing about ours, and our own clock-free version count is the better bound locally."""
         if origin == "external":
-            completed = completed_seconds(group)
-            too_old = completed == 0.0 or now_s - completed > self.cfg.max_external_age_s
-            return "too_old" if too_old else None
+            return "too_old" if self._too_old(completed_seconds(group), now_s) else None
         lag = target_version - group.policy_version
         return "stale" if lag > self.cfg.max_policy_lag else None
 
 
-def _split_reason(group: rollout_pb2.RolloutGroup) -> str | None:
-    """Only training items are trained on. Read from the proto so the lazy arrival path needs no
-    `question_from_proto`; an unset split is malformed, as `question_from_proto` says too."""
-    split = group.question.provenance.split
+def _split_reason(split: int, group_id: str, node: str) -> str | None:
+    """Only training items are trained on. The provenance's split (`Split` enum number), read from the
+    proto or the facts header so the lazy arrival path needs no `question_from_proto`; an unset split
+    is malformed, as `question_from_proto` says too."""
     if split == question_pb2.SPLIT_TRAIN:
         return None
     if split == question_pb2.SPLIT_EVAL:
         return "not_train_split"
-    raise InvalidMessageError("missing_split", f"group {group.group_id} from {group.node_id}")
+    raise InvalidMessageError("missing_split", f"group {group_id} from {node}")
 
 
 def _claims_signal(claimed: list[float]) -> bool:

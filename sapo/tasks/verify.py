@@ -7,6 +7,8 @@ Rejections are short, bounded reason labels, safe to use as metric labels.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from sapo.tasks.datasets import GENERATOR_VERSION, UNSAFE_VERIFIERS, generate_record, is_known_dataset
 from sapo.tasks.records import SPLITS, Provenance, QuestionRecord, sha256_hex
 from sapo.tasks.seeds import DATASET_SIZE, seed_in_split, text_in_split
@@ -69,14 +71,17 @@ def provenance_problem(provenance: Provenance) -> str | None:
     return None
 
 
-def verify_question(record: QuestionRecord) -> str | None:
+def verify_question(
+    record: QuestionRecord, derive: Callable[[Provenance], QuestionRecord] = rederive
+) -> str | None:
     """None if the record is exactly what its provenance re-derives to, else a short reason.
 
     The text must also lie in its split's half of the text space, so a peer cannot pass an eval question
-    (or one no stream would ever draw for that split) off as training data.
+    (or one no stream would ever draw for that split) off as training data. `derive` is `rederive` or
+    one that caches it (`sapo.sampler.verifier`).
     """
     try:
-        expected = rederive(record.provenance)
+        expected = derive(record.provenance)
     except RederivationError as exc:
         return exc.reason
     if record.task != expected.task:

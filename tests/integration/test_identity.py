@@ -42,7 +42,9 @@ def signed(
 ) -> tuple[bytes, list[tuple[str, bytes]]]:
     """The group's bytes with routing headers that claim `claims_*` (default: the truth), signed by `key`."""
     value = group.SerializeToString()
-    claimed = rollout_pb2.RolloutGroup(node_id=claims_node or group.node_id, question=group.question)
+    claimed = rollout_pb2.RolloutGroup()
+    claimed.CopyFrom(group)  # the body's facts header: node and task are not facts
+    claimed.node_id = claims_node or group.node_id
     if claims_task:
         claimed.question.task = claims_task
     return value, rollout_headers(claimed, value, Signer(key) if key is not None else None)

@@ -10,6 +10,9 @@ commits) every record.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import operator
 import os
 import time
 from collections.abc import Callable
@@ -26,7 +29,7 @@ from sapo.kafka import ConsumerLoop, DeadLetters, Disposition, Record, Transport
 from sapo.kafka.memory import MemoryBus, MemoryConsumerClient, MemoryPublisher
 from sapo.lifecycle import StopFlag
 from sapo.node.build import build_sampler_core
-from sapo.sampler import History
+from sapo.sampler import REASONS, History, Screen, SeenGroups, Unread, VerifyMode, arrival_facts, parse
 from sapo.sampler.settings import SamplerSettings
 from sapo.v1 import batch_pb2, identity_pb2, lease_pb2, policy_pb2, rollout_pb2, work_pb2
 from sapo.wire import InvalidMessageError
@@ -193,3 +196,88 @@ def test_a_consumer_loop_fed_garbage_finishes_every_record(messages: list[tuple[
     assert len(handled) + len(bus.topics.get("dlq", [])) <= len(messages)
     for dead in bus.topics.get("dlq", []):
         assert dead.headers["sapo-dlq-reason"]
+
+
+FACT_FIELDS: dict[str, st.SearchStrategy[Any]] = {
+    "group_id": st.text(max_size=40),
+    "round": st.integers(-(2**40), 2**40),
+    "completed_seconds": st.integers(-(2**40), 2**40),
+    "completed_nanos": st.integers(-(2**31), 2**31),
+    "config_digest": st.text(alphabet="0123456789abcdef", max_size=64),
+    "split": st.integers(-3, 3),
+    "scored": st.integers(-3, 12),
+    "signal": st.booleans(),
+}
+
+
+@st.composite
+def facts_headers(draw: st.DrawFn, group: rollout_pb2.RolloutGroup) -> dict[str, bytes]:
+    """The routing headers of `group` with a facts header that is honest, lies about some fields,
+    is garbage, is of another version, or is missing."""
+    headers = dict(wire.message_headers("RolloutGroup", group.node_id, b"", group.question.task))
+    kind = draw(st.sampled_from(("honest", "lying", "garbage", "other_version", "missing")))
+    if kind == "missing":
+        return headers
+    if kind == "garbage":
+        return headers | {wire.H_FACTS: b"f1;" + draw(st.binary(max_size=120))}
+    if kind == "other_version":
+        return headers | {wire.H_FACTS: b"f2;" + draw(st.binary(max_size=40))}
+    facts = wire.group_facts(group)
+    if kind == "lying":
+        for name in draw(st.lists(st.sampled_from(sorted(FACT_FIELDS)), min_size=1, max_size=3, unique=True)):
+            honest = getattr(facts, name)
+            lie = draw(FACT_FIELDS[name].filter(functools.partial(operator.ne, honest)))
+            facts = facts._replace(**{name: lie})
+    return headers | {wire.H_FACTS: wire.encode_facts(facts)}
+
+
+def _lazy_core() -> Any:
+    settings_ = SamplerSettings(
+        node_id=NODE, verify="lazy", round_mode="async", local_groups=0, external_groups=1, max_per_source=1
+    )
+    return build_sampler_core(settings_, History())
+
+
+@FUZZ
+@given(
+    data=st.data(),
+    index=st.integers(0, len(RECORDS) - 1),
+    correct=st.sampled_from(((True, False), (False, False))),
+)
+def test_lazy_arrival_on_any_facts_header_never_trains_on_a_lie(
+    data: st.DataObject, index: int, correct: tuple[bool, ...]
+) -> None:
+    """A real group under any facts header, through the service's lazy path (facts -> pooled as bytes
+    -> verified when picked, or decoded on arrival without usable facts): every step returns a reason
+    or raises InvalidMessageError, and a group verified for a batch is exactly what the eager path
+    makes of its body, under a header that told the truth."""
+    group = real_group(RECORDS[index], "peer-1", correct)
+    value = group.SerializeToString()
+    headers = data.draw(facts_headers(group))
+    core, now = _lazy_core(), time.time()
+    sender = Sender("peer-1")
+    try:
+        facts = arrival_facts(headers, "external", core.screen.cfg)
+        if facts is not None:
+            reason = core.admit_unread(Unread(value, headers, facts), "h", now, sender)
+        else:
+            reason = core.admit(parse(value, MAX_BYTES, headers), "external", "h", now, sender)
+    except InvalidMessageError as exc:
+        assert exc.reason in REASONS
+        return
+    assert reason is None or reason in REASONS
+    [pooled] = core.assembler.pool.entries("external") or [None]
+    if pooled is None:
+        return
+    try:
+        verified = core.screen.verify(pooled.scored)
+    except InvalidMessageError as exc:
+        assert exc.reason in REASONS
+        return
+    if isinstance(verified, str):
+        assert verified in REASONS
+        return
+    told = wire.read_facts(headers)
+    assert told is None or told == wire.group_facts(group)
+    eager = Screen(dataclasses.replace(core.screen.cfg, verify=VerifyMode.EAGER), SeenGroups(10))
+    assert verified == eager.check(group, "external", now, 0, sender)

@@ -119,3 +119,43 @@ def test_generated_code_matches_proto_sources(tmp_path: Path) -> None:
         committed = ROOT / "sapo/v1" / generated.name
         assert committed.exists(), f"{committed} missing: run `make proto`"
         assert filecmp.cmp(generated, committed, shallow=False), f"{committed} is stale: run `make proto`"
+
+
+def test_a_groups_facts_header_restates_its_body() -> None:
+    group = make_group(rewards=[1.0, 0.0, 1.0])
+    group.round = 7
+    group.completions[2].finish_reason = rollout_pb2.FINISH_REASON_ERROR
+    value = group.SerializeToString()
+    headers = dict(wire.rollout_headers(group, value))
+    facts = wire.read_facts(headers)
+    assert facts == wire.group_facts(group)
+    assert facts is not None
+    assert (facts.group_id, facts.round, facts.scored, facts.signal) == (group.group_id, 7, 2, True)
+    assert facts.completed_s == group.completed_at.seconds + group.completed_at.nanos / 1e9
+    assert wire.facts_problem(group, headers) is None
+    group.completions[0].reward = 0.0  # the body no longer claims a spread its header still states
+    assert wire.facts_problem(group, headers) == "facts_mismatch"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"f1;",
+        b"f1;id;1;2;3;d;1;2",
+        b"f1;id;x;2;3;d;1;2;1",
+        b"f1;id;-1;2;3;d;1;2;1",
+        b"f1;id;1;2;1000000000;d;1;2;1",
+        b"f1;id;1;2;3;d;1;2;2",
+    ],
+)
+def test_a_malformed_facts_header_is_a_facts_mismatch(raw: bytes) -> None:
+    with pytest.raises(wire.InvalidMessageError) as info:
+        wire.read_facts({wire.H_FACTS: raw})
+    assert info.value.reason == "facts_mismatch"
+
+
+def test_a_missing_or_later_facts_header_is_no_claim() -> None:
+    group = make_group()
+    assert wire.read_facts({}) is None
+    assert wire.read_facts({wire.H_FACTS: b"f2;whatever it says"}) is None
+    assert wire.facts_problem(group, {wire.H_FACTS: b"f2;whatever it says"}) is None

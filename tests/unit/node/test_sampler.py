@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import pytest
 from prometheus_client import CollectorRegistry
 
+from sapo import wire
 from sapo.identity import NodeKey, TrustStore
 from sapo.identity.announce import add_statement, announcement, record_key
 from sapo.kafka import DeadLetters, TransportMetrics
@@ -394,3 +395,35 @@ def test_an_intact_batch_topic_is_not_overridden_by_older_announcements() -> Non
     node.restart()
     assert node.service.sequence == 3
     assert node.registry.get_sample_value("sapo_sampler_sequence_jumps_total") == 0
+
+
+def test_lazy_pools_on_facts_dead_letters_their_lies_when_picked_and_decodes_older_senders() -> None:
+    """Swarm records with a facts header are pooled undecoded; a lying one (claims a spread its body
+    does not) is dead-lettered as facts_mismatch when picked, and one without the header (an older
+    sender) is decoded on arrival: both kinds make the batch."""
+    bus = MemoryBus()
+    node = Node(bus, round_mode="async", local_groups=1, external_groups=2, verify="lazy")
+    publish(bus, TOPICS.rollouts, real_group(RECORDS[0], NODE))
+    liar = real_group(RECORDS[1], "peer-1", (True, False))
+    claimed = rollout_pb2.RolloutGroup()
+    claimed.CopyFrom(liar)
+    liar.completions[0].reward = 0.0  # the body claims no spread; its header, made before, does
+    value = liar.SerializeToString()
+    bus.append(TOPICS.swarm_rollouts, liar.group_id.encode(), value, wire.rollout_headers(claimed, value))
+    honest = real_group(RECORDS[2], "peer-2")
+    older = real_group(RECORDS[3], "peer-3")
+    publish(bus, TOPICS.swarm_rollouts, honest)
+    node.drain()
+    assert node.batches() == []  # J=2 walked both: the liar was decoded and refused
+    assert node.rejected("facts_mismatch") == 1
+    value, headers = encoded(older)
+    bus.append(
+        TOPICS.swarm_rollouts, older.group_id.encode(), value, [h for h in headers if h[0] != wire.H_FACTS]
+    )
+    node.drain()
+    [batch] = node.batches()
+    assert sorted(bg.group.group_id for bg in batch.groups[1:]) == sorted([honest.group_id, older.group_id])
+    assert node.rejected("facts_mismatch") == 1
+    assert [r.headers["sapo-dlq-reason"] for r in bus.topics[TOPICS.dlq]] == [b"facts_mismatch"]
+    node.service.close()
+    assert bus.committed[("swarm", (TOPICS.swarm_rollouts, 0))] == 3

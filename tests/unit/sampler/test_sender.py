@@ -70,7 +70,8 @@ def sent(
     """`body` with routing headers as a generator makes them, except for the `claims` (node, task)
     it lies about, signed with `key` (None: unsigned)."""
     value = body.SerializeToString()
-    claimed = rollout_pb2.RolloutGroup(node_id=body.node_id, question=body.question)
+    claimed = rollout_pb2.RolloutGroup()
+    claimed.CopyFrom(body)  # the same facts header as the body's: node and task are not facts
     claims = claims or {}
     claimed.node_id = claims.get("node", claimed.node_id)
     claimed.question.task = claims.get("task", claimed.question.task)
