@@ -258,13 +258,12 @@ def test_sigkill_mid_stream_neither_loses_nor_repeats_a_batch_or_a_group(
     topics = _topics(kafka_bootstrap, topic_prefix)
     pairs = 24  # one local and one external group each: 12 batches of 2 + 2
     records = questions(node_seed=33, count=2 * pairs)
+    # Every local group from version 0: there is no trainer here, and a local group sampled with
+    # version p tells the sampler that its trainer trained p batches (sapo.sampler.core follows it),
+    # which the test could not make true while it publishes everything ahead of the batches. The
+    # policy lag bound is raised accordingly.
     groups = [
-        # The generator follows the trainer: pair i trains in batch i // 2, sampled by that policy.
-        (
-            real_group(records[2 * i], NODE, policy_version=i // 2),
-            real_group(records[2 * i + 1], PEERS[i % 3]),
-        )
-        for i in range(pairs)
+        (real_group(records[2 * i], NODE), real_group(records[2 * i + 1], PEERS[i % 3])) for i in range(pairs)
     ]
     pub = KafkaPublisher({"bootstrap.servers": kafka_bootstrap})
     running = threading.Event()
@@ -278,7 +277,7 @@ def test_sigkill_mid_stream_neither_loses_nor_repeats_a_batch_or_a_group(
                 time.sleep(0.2)
 
     cmd = [sys.executable, "-m", "services.sampler.main"]
-    env = _sampler_env(kafka_bootstrap, topic_prefix)
+    env = _sampler_env(kafka_bootstrap, topic_prefix) | {"SAPO_SAMPLER_MAX_POLICY_LAG": str(pairs)}
     log_path = tmp_path / "sampler.log"
     reader = TopicReader(kafka_bootstrap, topics.batches)
     producer = threading.Thread(target=publish, args=(groups[4:],), daemon=True)
