@@ -43,34 +43,15 @@ from collections.abc import Callable
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from bench_generator import QUESTIONS, chat_prompts
+from transformers import PreTrainedModel
 
 from sapo.backends import Sample, SamplingConfig, TransformersBackend
 from sapo.backends.hf import INT8_DYNAMIC
 from sapo.models import BUNDLED_REF, load_model
 
-SYSTEM = "You are a careful assistant. Think step by step, then give the final answer."
-QUESTIONS = (
-    "What is 17 * 23 - 45?",
-    "Convert the decimal number 156 to base 2.",
-    "Simplify the fraction 84/126 to lowest terms.",
-    "If today is Tuesday, what day of the week will it be in 100 days?",
-    "Is 2024 a leap year? Explain why.",
-    "What is 3.75 + 12.125 - 0.5?",
-    "If A is true and B is false, what is the value of (A and not B) or B?",
-    "How many minutes are there in 3 days and 7 hours?",
-)
 TARGET = 1.5
 MAX_GAP = 0.1
-
-
-def chat_prompts(tokenizer: PreTrainedTokenizerBase, count: int) -> list[list[int]]:
-    prompts = []
-    for question in QUESTIONS[:count]:
-        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        prompts.append(tokenizer.encode(str(text), add_special_tokens=False))
-    return prompts
 
 
 def eager(model: PreTrainedModel) -> PreTrainedModel:
@@ -125,7 +106,7 @@ def main() -> None:
 
     built = {name: (factory(), threads, q) for name, (factory, threads, q) in variants(args.threads).items()}
     tokenizer = built["baseline"][0].tokenizer
-    prompts = chat_prompts(tokenizer, args.questions)
+    prompts = chat_prompts(tokenizer)[: args.questions]
     seeds = list(range(len(prompts)))
     print(
         f"{len(prompts)} prompts x {args.samples} samples x {args.max_new_tokens} new tokens, fp32,"
