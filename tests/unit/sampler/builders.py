@@ -12,7 +12,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from sapo.convert import question_to_proto
 from sapo.identity import NodeKey, Sender, Signer
-from sapo.sampler import AssemblyConfig, Scored, Screen, ScreenConfig
+from sapo.node.build import build_sampler_core
+from sapo.sampler import AssemblyConfig, History, SamplerCore, Scored, Screen, ScreenConfig
 from sapo.sampler.screen import Origin
 from sapo.sampler.settings import SamplerSettings
 from sapo.tasks import EASY_PROFILE, QuestionRecord, Split, TaskStream
@@ -112,3 +113,9 @@ def scored(
     group.policy_version = policy_version
     mean = sum(rewards) / len(rewards)
     return Scored(group, origin, tuple(rewards), tuple(r - mean for r in rewards), completed_s)
+
+
+def sampler_core(history: History | None, values: dict[str, object]) -> SamplerCore[str]:
+    """The sampler core of a node with these settings values, continuing `history` (empty if None)."""
+    settings = SamplerSettings(**values)  # type: ignore[arg-type]
+    return build_sampler_core(settings, history or History())

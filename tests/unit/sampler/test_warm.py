@@ -8,13 +8,12 @@ import pytest
 
 from sapo import wire
 from sapo.identity import Sender
-from sapo.node.build import build_sampler_core
 from sapo.sampler import History, HistoryBuilder, SamplerCore, WarmStart, needs_warm_start
 from sapo.sampler.settings import SamplerSettings
 from sapo.sampler.warm import replay_rounds
 from sapo.v1 import batch_pb2, rollout_pb2
 from sapo.wire import InvalidMessageError
-from tests.unit.sampler.builders import questions, real_group
+from tests.unit.sampler.builders import questions, real_group, sampler_core
 
 pytestmark = pytest.mark.unit
 
@@ -30,8 +29,7 @@ def _core(history: History | None = None, **overrides: object) -> SamplerCore[st
         "questions_per_round": 2,
         "max_per_source": 1,
     }
-    settings = SamplerSettings(**(values | overrides))  # type: ignore[arg-type]
-    return build_sampler_core(settings, history or History())
+    return sampler_core(history, values | overrides)
 
 
 def _warm(core: SamplerCore[str], **bounds: object) -> WarmStart[str]:
