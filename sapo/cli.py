@@ -267,7 +267,7 @@ def _run_experiment(args: argparse.Namespace) -> int:
         return 0
     if args.report_only:  # the scenario as it was run, when the directory records one
         recorded = recorded_scenario(out_dir / "experiment.json")
-        print(write_scenario_report(recorded or scenario, out_dir, command))
+        print(write_scenario_report(recorded or scenario, out_dir))
         return 0
     return run_experiment(
         scenario,

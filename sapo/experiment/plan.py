@@ -184,6 +184,8 @@ def _read(name_or_path: str) -> tuple[dict[str, Any], str]:
         raise ConfigError(f"cannot read scenario {path}: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"scenario {path}: expected a mapping (see sapo.experiment.plan)")
+    if path.parent == SCENARIO_DIR:  # recorded as the package path, not where this checkout lives
+        return data, str(path.relative_to(SCENARIO_DIR.parents[2]))
     return data, str(path)
 
 

@@ -4,6 +4,8 @@ evaluation, then the report.
 Layout of the output directory:
 
     experiment.json                 the scenario, as run (`Scenario.as_data`)
+    commands.json                   every command that ran runs here, in order (the report's
+                                    "Reproduce" lines; `--report-only` adds none)
     manifests/<run>.json            every run's swarm manifest; helm/<run>/<node>.yaml for clusters
     baselines/<model>-<key>.json    held-out evaluation of each initial model (per seed, model, limits)
     runs/<run>/                     one swarm run (sapo.swarm.history layout) + result.json
@@ -26,7 +28,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, TextIO
+from typing import Any, Literal, TextIO
 
 import torch
 import yaml
@@ -165,8 +167,25 @@ def write_plan(scenario: Scenario, out_dir: Path) -> int:
     return len(manifests)
 
 
-def report_header(scenario: Scenario, command: str) -> str:
+COMMANDS = "commands.json"
+
+
+def recorded_commands(out_dir: Path) -> list[str]:
+    path = out_dir / COMMANDS
+    return list(json.loads(path.read_text())) if path.exists() else []
+
+
+def record_command(out_dir: Path, command: str) -> None:
+    """Remember a command that ran runs in `out_dir`, once, so that the report names every command
+    its runs came from (an in-process experiment and its `--confirm` run are two commands)."""
+    commands = recorded_commands(out_dir)
+    if command and command not in commands:
+        (out_dir / COMMANDS).write_text(json.dumps([*commands, command], indent=1))
+
+
+def report_header(scenario: Scenario, commands: list[str]) -> str:
     plan = scenario.evaluation
+    reproduce = "\n".join(f"Reproduce: `{c}`" for c in commands) or "Reproduce: (no command recorded)"
     groups = ", ".join(f"{g.count} x {g.name}" for g in scenario.groups)
     return (
         f"# Experiment `{scenario.name}`\n\n{scenario.description}\n\n"
@@ -174,18 +193,34 @@ def report_header(scenario: Scenario, command: str) -> str:
         f"{', '.join(map(str, scenario.seeds))}. Held-out: {plan.questions} eval-split questions of "
         f"`{plan.profile}` x {plan.samples} samples at T=1.0, the same for every policy. The scenario as "
         f"run, with every manifest key: `experiment.json`; every run's manifest: `manifests/`.\n\n"
-        f"Reproduce: `{command}`"
+        f"{reproduce}"
     )
 
 
-def write_scenario_report(scenario: Scenario, out_dir: Path, command: str) -> Path:
+def write_scenario_report(scenario: Scenario, out_dir: Path, command: str = "") -> Path:
+    """The report from every finished run; its "Reproduce" lines are the recorded commands, or
+    `command` where none was recorded (results written before commands were)."""
+    commands = recorded_commands(out_dir) or ([command] if command else [])
     return write_report(
         out_dir,
-        report_header(scenario, command),
+        report_header(scenario, commands),
         order=scenario.config_names,
         pairs=scenario.comparisons,
         heldout_profile=scenario.evaluation.profile,
     )
+
+
+def evaluation_mismatch(result: dict[str, Any], scenario: Scenario) -> str:
+    """Why a finished run's held-out evaluation is not the scenario's (empty when it is)."""
+    plan = scenario.evaluation
+    for node, evaluation in result.get("heldout_after", {}).items():
+        done = (evaluation.get("questions"), evaluation.get("samples"))
+        if done != (plan.questions, plan.samples):
+            return (
+                f"{node} was evaluated on {done[0]} questions x {done[1]} samples, this command asks for "
+                f"{plan.questions} x {plan.samples}"
+            )
+    return ""
 
 
 def run_experiment(
@@ -202,14 +237,26 @@ def run_experiment(
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # bars bury the per-run lines
     for name in ("sapo.kafka", "sapo.broker"):  # the swarm's own lines go to each run's swarm.out
         logging.getLogger(name).setLevel(logging.WARNING)
+    specs = planned_runs(scenario, mode, confirm=confirm)
+    for spec in specs:  # before anything is written: skipping such a run would mix two held-out sets
+        finished = out_dir / "runs" / spec.name / RESULT
+        mismatch = (
+            evaluation_mismatch(json.loads(finished.read_text()), scenario) if finished.exists() else ""
+        )
+        if mismatch:
+            out.write(
+                f"{spec.name}: {mismatch}; use the same --eval-questions/--eval-samples or another --out\n"
+            )
+            return 2
     write_plan(scenario, out_dir)
     started = time.monotonic()
-    for spec in planned_runs(scenario, mode, confirm=confirm):
+    for spec in specs:
         if (out_dir / "runs" / spec.name / RESULT).exists():
             out.write(f"{spec.name}: finished earlier, skipped\n")
             continue
         out.write(f"{spec.name}: running ({spec.mode}) ...\n")
         out.flush()
+        record_command(out_dir, command)
         run_started = time.monotonic()
         code = run_one(scenario, spec, out_dir, keep_checkpoints=keep_checkpoints)
         if code != 0:

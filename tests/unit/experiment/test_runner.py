@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
 
 from sapo.experiment.plan import load_scenario, recorded_scenario
-from sapo.experiment.runner import planned_runs, run_experiment
+from sapo.experiment.runner import planned_runs, run_experiment, write_scenario_report
 
 SCENARIO = {
     "name": "tiny",
@@ -44,7 +45,7 @@ def test_experiment_runs_evaluates_reports_and_resumes(tmp_path: Path) -> None:
     assert [r.name for r in planned_runs(scenario, "inprocess", confirm=True)] == ["1-1-ref-s3-services"]
     out = io.StringIO()
     code = run_experiment(
-        scenario, out_dir, mode="inprocess", command="test", keep_checkpoints=False, out=out
+        scenario, out_dir, mode="inprocess", command="sapo experiment first", keep_checkpoints=False, out=out
     )
     assert code == 0, out.getvalue()
     for run in ("i2-j0-s3", "1-1-ref-s3"):
@@ -65,9 +66,38 @@ def test_experiment_runs_evaluates_reports_and_resumes(tmp_path: Path) -> None:
 
     again = io.StringIO()
     assert (
-        run_experiment(scenario, out_dir, mode="inprocess", command="test", keep_checkpoints=False, out=again)
+        run_experiment(scenario, out_dir, mode="inprocess", command="b", keep_checkpoints=False, out=again)
         == 0
     )
     assert again.getvalue().count("finished earlier, skipped") == 2
+    # the report names the command its runs came from: not one that ran nothing, not a report-only one
+    write_scenario_report(scenario, out_dir, "sapo experiment --report-only")
+    report = (out_dir / "report.md").read_text()
+    header = [line for line in report.splitlines() if line.startswith("Reproduce")]
+    assert header == ["Reproduce: `sapo experiment first`"]
+    # a finished run evaluated on another held-out set is not silently mixed into the report
+    other = replace(scenario, evaluation=scenario.evaluation.model_copy(update={"questions": 8}))
+    refused = io.StringIO()
+    assert (
+        run_experiment(other, out_dir, mode="inprocess", command="c", keep_checkpoints=False, out=refused)
+        == 2
+    )
+    assert "evaluated on 4 questions x 2 samples, this command asks for 8 x 2" in refused.getvalue()
+    assert json.loads((out_dir / "experiment.json").read_text())["evaluation"]["questions"] == 4
     recorded = recorded_scenario(out_dir / "experiment.json")
     assert recorded is not None and recorded.as_data() == scenario.as_data()
+
+
+def test_report_names_every_command_that_ran_runs(tmp_path: Path) -> None:
+    """An in-process experiment and its `--confirm` run are two commands; both are reproduce lines."""
+    from sapo.experiment.runner import record_command, recorded_commands, report_header
+
+    in_process, confirm = "sapo experiment --in-process", "sapo experiment --confirm"
+
+    for command in (in_process, confirm, in_process):
+        record_command(tmp_path, command)
+    assert recorded_commands(tmp_path) == [in_process, confirm]
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(SCENARIO, sort_keys=False))
+    header = report_header(load_scenario(str(path)), recorded_commands(tmp_path))
+    assert "Reproduce: `sapo experiment --in-process`\nReproduce: `sapo experiment --confirm`" in header
