@@ -20,7 +20,7 @@ def _statuses(swarm: Swarm, last: dict[str, Samples]) -> list[NodeStatus]:
     by_node: dict[str, dict[str, Samples]] = {}
     for p in swarm.processes:
         url = p.metrics_url
-        samples = scrape(url) if url else {}
+        samples = scrape(url, NodeStatus.METRICS) if url else {}
         if samples:
             last[p.name] = samples
         merged = by_node.setdefault(p.node, {}).setdefault(p.service, {})
