@@ -223,6 +223,7 @@ def test_report_tables_plots_and_the_table_across_experiments(tmp_path: Path) ->
         "| [demo](demo/report.md) | 4/4 vs 8/0 | all | 2 x 5 | +0.050 [+0.050, +0.050] | +24.4% | better |"
         in text
     )
+    assert "| 4/4: -0.010 [-0.010, -0.010] | " in text  # the services check of the scenario
 
 
 def test_report_needs_finished_runs(tmp_path: Path) -> None:
