@@ -61,9 +61,12 @@ bench: $(STAMP) ## Run the benchmarks (ratios against a baseline measured in the
 bench-load: $(STAMP) ## Only the load bench: 1,000 nodes' signed groups into one sampler process (~6 min)
 	$(BIN)/python bench/bench_swarm_load.py
 
+profile: $(STAMP) ## Where a services round's CPU goes: py-spy over every process of bench_pipeline's swarm (~4 min)
+	OMP_NUM_THREADS=1 $(BIN)/python bench/profile_round.py --out results/profile
+
 # SAPO_SOAK=1 lengthens the runs of tests/faults (SAPO_SOAK_ROUNDS, SAPO_SOAK_SEED set them); the report
 # of each run lands in results/faults/.
 soak: $(STAMP) ## Fault injection, long version: services SIGKILLed, the broker killed -9 (~25 min on 2 cores)
 	SAPO_SOAK=1 SAPO_SOAK_REPORT=results/faults $(BIN)/pytest -m faults -s --timeout=0 tests/faults
 
-.PHONY: help setup tools swarm experiment test test-slow lint proto image bench bench-load soak
+.PHONY: help setup tools swarm experiment test test-slow lint proto image bench bench-load profile soak
