@@ -238,14 +238,14 @@ def run_experiment(
     for name in ("sapo.kafka", "sapo.broker"):  # the swarm's own lines go to each run's swarm.out
         logging.getLogger(name).setLevel(logging.WARNING)
     specs = planned_runs(scenario, mode, confirm=confirm)
-    for spec in specs:  # before anything is written: skipping such a run would mix two held-out sets
-        finished = out_dir / "runs" / spec.name / RESULT
-        mismatch = (
-            evaluation_mismatch(json.loads(finished.read_text()), scenario) if finished.exists() else ""
-        )
+    # Before anything is written: every finished run of the directory shares the report (a `--confirm`
+    # run is compared with in-process runs it does not plan), so one held-out set for all.
+    for finished in sorted(out_dir.glob(f"runs/*/{RESULT}")):
+        mismatch = evaluation_mismatch(json.loads(finished.read_text()), scenario)
         if mismatch:
             out.write(
-                f"{spec.name}: {mismatch}; use the same --eval-questions/--eval-samples or another --out\n"
+                f"{finished.parent.name}: {mismatch}; use the same --eval-questions/--eval-samples or "
+                "another --out\n"
             )
             return 2
     write_plan(scenario, out_dir)
