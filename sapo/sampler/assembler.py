@@ -56,8 +56,6 @@ Verify = Callable[[Scored], Scored | str]
 
 LOCKSTEP_WINDOW: Final = 16
 """Rounds ahead of the next one whose groups lock-step keeps (bounds memory against wild rounds)."""
-EXPIRY_INTERVAL_S: Final = 1.0
-"""Expiry scans the whole pool, so it runs at most this often."""
 
 
 class RoundMode(StrEnum):
@@ -119,7 +117,6 @@ class Assembler(ABC, Generic[H]):
         self._verify = verify
         self._discards: list[Discard[H]] = []
         self._rejections = 0
-        self._last_expiry_s = float("-inf")
 
     def arrived(self, group: rollout_pb2.RolloutGroup, origin: Origin, now_s: float) -> None:
         """A genuine group of a node arrived (before the signal filter); lock-step counts these."""
@@ -181,19 +178,13 @@ class Assembler(ABC, Generic[H]):
         """Per-batch randomness: the same seed and sequence make the same choice after a restart."""
         return random.Random(f"{self.cfg.seed}/{sequence}")
 
-    def _expire(self, now_s: float, sequence: int, force: bool = False) -> None:
-        if not force and now_s - self._last_expiry_s < EXPIRY_INTERVAL_S:
-            return
-        self._last_expiry_s = now_s
-        cfg = self.cfg
-
-        def expired(e: Entry[H]) -> bool:
-            s = e.scored
-            if s.origin == "external":
-                return now_s - s.completed_s > cfg.max_external_age_s
-            return sequence - s.group.policy_version > cfg.max_policy_lag
-
-        self._discards.extend(Discard(e, "expired") for e in self.pool.take_where(expired))
+    def _expire(self, now_s: float, sequence: int) -> None:
+        cfg, take = self.cfg, self.pool.take_aged
+        expired = [
+            *take("external", now_s - cfg.max_external_age_s),
+            *take("local", sequence - cfg.max_policy_lag),
+        ]
+        self._discards.extend(Discard(e, "expired") for e in expired)
 
 
 class StreamingAssembler(Assembler[H]):
@@ -241,7 +232,6 @@ class StreamingAssembler(Assembler[H]):
             n_local = min(local_n, mix.total - n_external)
         if n_local + n_external == 0 and not starved:
             return None
-        self._expire(now_s, sequence, force=True)  # never hand out a group that just went stale
         local = pool.oldest("local", n_local)
         cfg = self.cfg
         external = pick_external(
@@ -253,7 +243,7 @@ class StreamingAssembler(Assembler[H]):
             accept=self._checked,
         )
         if len(local) < n_local or len(external) < n_external:
-            return None  # the forced expiry or verification took some: plan again
+            return None  # verification took some: plan again
         pool.remove([*local, *external])
         self._local_ready_s = None
         self._local_screened = 0
@@ -325,7 +315,7 @@ class LockstepAssembler(Assembler[H]):
         round_ = min(started)
         if not self._due(self._rounds[round_], now_s, round_):
             return None
-        self._expire(now_s, sequence, force=True)
+        self._expire(now_s, sequence)
         if round_ > self.next_round:
             log.warning("lock-step: no local groups of rounds %d..%d", self.next_round, round_ - 1)
         picked_local, picked_external = self._pick_round(round_, sequence)

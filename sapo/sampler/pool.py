@@ -2,6 +2,11 @@
 peers (`sapo.sampler.fairness`; the node's own groups are an origin of their own, so the swarm never
 evicts them).
 
+Expiry looks only at what expired: each origin keeps a heap of its entries by the value that ages
+them (an external group's completion time, a local group's policy version), and entries that left the
+pool otherwise are dropped from it when they surface (the heap is rebuilt when they outnumber the
+pooled ones), so a batch never scans the whole pool.
+
 Each entry carries an opaque `handle` (the consumed record, in the service) so that whoever takes an
 entry out, into a batch or into the bin, can finish its input offset. The pool never finishes
 anything itself.
@@ -9,6 +14,8 @@ anything itself.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -70,6 +77,11 @@ class _Shares:
         return next(iter(self._holders[self.largest]))
 
 
+def age_key(scored: Scored) -> float:
+    """What ages a pooled group: its completion time (external) or its policy version (local)."""
+    return scored.completed_s if scored.origin == "external" else float(scored.group.policy_version)
+
+
 class Pool(Generic[H]):
     """Groups by origin in arrival order, at most `max_per_origin` per origin, shared fairly between
     peers (`sapo.sampler.fairness`): a full origin admits a group only in place of another."""
@@ -81,6 +93,8 @@ class Pool(Generic[H]):
         self._entries: dict[Origin, OrderedDict[str, Entry[H]]] = {o: OrderedDict() for o in ORIGINS}
         self._by_peer: dict[Origin, dict[str, OrderedDict[str, Entry[H]]]] = {o: {} for o in ORIGINS}
         self._shares: dict[Origin, _Shares] = {o: _Shares() for o in ORIGINS}
+        self._ages: dict[Origin, list[tuple[float, int, str]]] = {o: [] for o in ORIGINS}
+        self._tiebreak = itertools.count()  # equal ages leave in arrival order
 
     def admission(self, origin: Origin, peer: str) -> Admission:
         """What adding a group of `peer` would do now (`sapo.sampler.fairness.admission`)."""
@@ -103,6 +117,11 @@ class Pool(Generic[H]):
         self._entries[origin][entry.group_id] = entry
         self._by_peer[origin].setdefault(peer, OrderedDict())[entry.group_id] = entry
         self._shares[origin].add(peer)
+        ages = self._ages[origin]
+        heapq.heappush(ages, (age_key(entry.scored), next(self._tiebreak), entry.group_id))
+        if len(ages) > 2 * len(self._entries[origin]) + 64:  # mostly entries that left otherwise
+            ages[:] = [item for item in ages if item[2] in self._entries[origin]]
+            heapq.heapify(ages)
         return evicted
 
     def remove(self, entries: Iterable[Entry[H]]) -> None:
@@ -127,6 +146,18 @@ class Pool(Generic[H]):
         """Remove and return every entry for which `keep_out` is true."""
         out = [e for o in ORIGINS for e in self._entries[o].values() if keep_out(e)]
         self.remove(out)
+        return out
+
+    def take_aged(self, origin: Origin, below: float) -> list[Entry[H]]:
+        """Remove and return the origin's entries whose `age_key` is below `below`, oldest first."""
+        ages, pooled = self._ages[origin], self._entries[origin]
+        out: list[Entry[H]] = []
+        while ages and ages[0][0] < below:
+            group_id = heapq.heappop(ages)[2]
+            entry = pooled.get(group_id)
+            if entry is not None and age_key(entry.scored) < below:
+                self.remove([entry])  # now, so that a stale heap item of a group re-added finds it gone
+                out.append(entry)
         return out
 
     def entries(self, origin: Origin) -> list[Entry[H]]:

@@ -19,17 +19,18 @@ External choice (`pick_external`), always under the quota of at most `quota` gro
 
 Lazy verification (`sapo.sampler.screen`) passes `accept`, which verifies each candidate as the walk
 reaches it: a rejected one is skipped and the walk goes on, so the next candidate in the same order
-takes its place. The order is drawn before anything is verified, so the accepted groups keep the
-order's distribution over the groups that pass (see the screen's module docstring). Reward-guided
-weights would come from the senders' claims there, which a sender can inflate, so the settings
-refuse that combination.
+takes its place. The uniform order is drawn as the walk reads it (`shuffled`: k candidates cost k
+draws, not one per pooled group), but no draw depends on what verification found, so the accepted
+groups keep the order's distribution over the groups that pass (see the screen's module docstring).
+Reward-guided weights would come from the senders' claims there, which a sender can inflate, so the
+settings refuse that combination.
 """
 
 from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TypeVar
@@ -37,6 +38,7 @@ from typing import TypeVar
 from sapo.sampler.pool import Entry
 
 H = TypeVar("H")
+T = TypeVar("T")
 
 REWARD_WEIGHT_FLOOR = 0.1
 
@@ -98,6 +100,19 @@ def reward_weight(mean_reward: float) -> float:
     return REWARD_WEIGHT_FLOOR + mean_reward
 
 
+def shuffled(items: Sequence[T], rng: random.Random) -> Iterator[T]:
+    """`items` in a uniformly random order, drawn as they are read: the Fisher-Yates shuffle of
+    `random.shuffle` read from its last position (the reverse of its result for the same state), so a
+    selection that stops after k of n candidates makes k draws, not n."""
+    pending = list(items)
+    for i in range(len(pending) - 1, 0, -1):
+        j = rng.randrange(i + 1)
+        pending[i], pending[j] = pending[j], pending[i]
+        yield pending[i]
+    if pending:
+        yield pending[0]
+
+
 def pick_external(
     entries: Sequence[Entry[H]],
     k: int,
@@ -111,9 +126,9 @@ def pick_external(
     candidate the quota lets through and returns the entry to take, or None to skip it."""
     if k <= 0 or not entries:
         return []
+    order: Iterable[Entry[H]]
     if policy is SelectionPolicy.UNIFORM:
-        order = list(entries)
-        rng.shuffle(order)
+        order = shuffled(entries, rng)
     else:
         keys = [rng.random() ** (1.0 / reward_weight(e.scored.mean_reward)) for e in entries]
         order = [e for _, e in sorted(zip(keys, entries, strict=True), key=lambda p: p[0], reverse=True)]

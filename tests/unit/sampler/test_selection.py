@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from sapo.sampler import Entry, Mix, MixPolicy, Pool, SeenGroups, SelectionPolicy, pick_external, plan
-from sapo.sampler.selection import usable_external
+from sapo.sampler.selection import shuffled, usable_external
 from tests.unit.sampler.builders import scored
 
 pytestmark = pytest.mark.unit
@@ -84,6 +84,53 @@ def test_pool_is_bounded_per_origin_and_counts_peers() -> None:
     assert pool.take_where(lambda e: e.scored.peer == "b") == [third]
     assert pool.count("external") == 1
     assert pool.count("local") == 1
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 7, 500])
+def test_shuffled_is_random_shuffle_read_from_the_end(n: int) -> None:
+    items = list(range(n))
+    expected = list(items)
+    random.Random(n).shuffle(expected)
+    assert list(shuffled(items, random.Random(n))) == expected[::-1]
+    assert items == list(range(n))  # the caller's sequence is left alone
+
+
+def test_shuffled_draws_only_for_what_is_read() -> None:
+    rng = random.Random(3)
+    walk = shuffled(range(10_000), rng)
+    first = [next(walk) for _ in range(4)]
+    assert len(set(first)) == 4
+    assert rng.getstate() != random.Random(3).getstate()
+    untouched = random.Random(3)
+    for i in range(9_999, 9_995, -1):
+        untouched.randrange(i + 1)
+    assert rng.getstate() == untouched.getstate()  # four draws, not one per item
+
+
+def test_pool_takes_aged_entries_oldest_first_and_skips_those_gone_otherwise() -> None:
+    pool: Pool[int] = Pool(max_per_origin=10_000)
+    external = [
+        Entry(scored("external", f"p{i % 7}", completed_s=float(i % 50)), i, 0.0) for i in range(3000)
+    ]
+    local = [Entry(scored("local", "node-0", policy_version=i % 5), i, 0.0) for i in range(40)]
+    for entry in [*external, *local]:
+        pool.add(entry)
+    pool.remove(e for e in external if e.handle % 3 == 0)  # enough to make the pool rebuild its heap
+    back = [e for e in external[2800:] if e.handle % 3 == 0]
+    for entry in back:  # left and came back: taken once
+        pool.add(entry)
+    pooled = {e.handle for e in external if e.handle % 3 != 0} | {e.handle for e in back}
+    want = sorted(e.handle for e in external if e.scored.completed_s < 10.0 and e.handle in pooled)
+
+    aged = pool.take_aged("external", 10.0)
+
+    assert sorted(e.handle for e in aged) == want
+    assert [e.scored.completed_s for e in aged] == sorted(e.scored.completed_s for e in aged)
+    assert pool.take_aged("external", 10.0) == []
+    assert pool.count("external") == len(pooled) - len(want)
+    by_age = sorted(local, key=lambda e: e.scored.group.policy_version)  # then arrival: sort is stable
+    old_local = [e.handle for e in by_age if e.scored.group.policy_version < 2]
+    assert [e.handle for e in pool.take_aged("local", 2)] == old_local
 
 
 def test_seen_groups_forget_the_oldest_beyond_capacity() -> None:
