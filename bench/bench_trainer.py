@@ -45,7 +45,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from sapo.checkpoints import CheckpointStore
 from sapo.convert import question_to_proto
-from sapo.grpo import TrainSample, pack, policy_logprobs
+from sapo.grpo.layout import TrainSample, pack
+from sapo.grpo.logprobs import policy_logprobs
 from sapo.models import BUNDLED_REF, load_model, tokenizer_fingerprint
 from sapo.tasks import EASY_PROFILE, TaskStream, prompt_ids
 from sapo.trainer import Precision, Trainer

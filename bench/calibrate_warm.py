@@ -44,7 +44,10 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
 from sapo.backends import SamplingConfig, TransformersBackend
 from sapo.experiment.evaluate import sample_and_score
-from sapo.grpo import TrainSample, group_advantages, grpo_loss, has_signal, pack, policy_logprobs
+from sapo.grpo.advantages import group_advantages, has_signal
+from sapo.grpo.layout import TrainSample, pack
+from sapo.grpo.logprobs import policy_logprobs
+from sapo.grpo.loss import grpo_loss
 from sapo.models import build_tiny_model, project_tokenizer
 from sapo.models.warm import WARM_PROFILE, WarmRecipe, parse_warm_ref, sft_stream, train_warm_model
 from sapo.tasks import (

@@ -1,12 +1,10 @@
-"""One place that builds a node's parts from their settings: the generator's model backend and round
-source, the sampler's pure core, the trainer. The services (`sapo.node.generator`, `.sampler`,
-`.trainer`) and the in-process swarm (`sapo.swarm.inprocess`) both build through these, so the two
-modes run the same configuration.
+"""One place that builds a node's model-bearing parts from their settings: the generator's model
+backend and round source, and the trainer (the sampler's pure core comes from `SamplerSettings.core`,
+which loads no torch). The services (`sapo.node.generator`, `.sampler`, `.trainer`) and the in-process
+swarm (`sapo.swarm.inprocess`) both build through these, so the two modes run the same configuration.
 """
 
 from __future__ import annotations
-
-from typing import TypeVar
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -16,13 +14,9 @@ from sapo.checkpoints import CheckpointStore
 from sapo.generator import RoundSource
 from sapo.generator.settings import BackendKind, GeneratorSettings
 from sapo.models import load_model, tokenizer_fingerprint
-from sapo.sampler import History, SamplerCore
-from sapo.sampler.settings import SamplerSettings
 from sapo.tasks import STOP_STRINGS
 from sapo.trainer import Trainer
 from sapo.trainer.settings import TrainerSettings
-
-H = TypeVar("H")
 
 
 def build_backend(settings: GeneratorSettings) -> GenerationBackend:
@@ -58,11 +52,6 @@ def round_source(settings: GeneratorSettings, tokenizer: PreTrainedTokenizerBase
             quantization=settings.quantization.value,
         ),
     )
-
-
-def build_sampler_core(settings: SamplerSettings, history: History) -> SamplerCore[H]:
-    """The sampler's pure core, continuing the batch sequence and dedupe set recovered in `history`."""
-    return SamplerCore(settings.screen_config(), settings.assembly_config(), history)
 
 
 def build_trainer(settings: TrainerSettings) -> Trainer:

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from sapo.node.peers import PeerLabels, SamplerPeerMetrics, TrainerPeerMetrics
 from sapo.sampler import ORIGINS, REASONS
-from sapo.trainer import RowMode, StepReport, contributions
+
+if TYPE_CHECKING:
+    from sapo.trainer import StepReport
 
 # --- generator ---
 
@@ -228,7 +231,12 @@ STALENESS_BUCKETS = (0, 1, 2, 4, 8, 16, 32)
 
 
 class TrainerMetrics:
+    """The trainer's metrics. `sapo.trainer` loads torch, so it is imported where the trainer's metrics
+    need it, not at the top: the sampler and the generator import this module too."""
+
     def __init__(self, registry: CollectorRegistry, peers: PeerLabels | None = None) -> None:
+        from sapo.trainer import RowMode
+
         self.peers = TrainerPeerMetrics(registry, peers or PeerLabels("", 0))
 
         def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> Gauge:
@@ -345,6 +353,8 @@ class TrainerMetrics:
         stats = report.stats
         if stats is None:
             return
+        from sapo.trainer import contributions
+
         m = stats.metrics
         self.steps.inc(stats.optimizer_steps)
         self.peers.observe(contributions(built.rows))

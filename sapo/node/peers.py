@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter
 
 from sapo.topics import NODE_ID_PATTERN
-from sapo.trainer import Contribution
+
+if TYPE_CHECKING:  # the sampler uses this module too, and the trainer package loads torch
+    from sapo.trainer import Contribution
 
 OTHER = "_other"
 _NODE_ID = re.compile(NODE_ID_PATTERN)

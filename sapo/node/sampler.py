@@ -58,7 +58,6 @@ from sapo.kafka import ConsumerClient, ConsumerLoop, DeadLetters, Disposition, P
 from sapo.kafka import TransportMetrics as Transport
 from sapo.kafka.records import TopicPartition
 from sapo.lifecycle import StopFlag
-from sapo.node.build import build_sampler_core
 from sapo.node.identity import IdentityGate, IdentityMetrics, KeysFollower
 from sapo.node.lease import Lease, node_lease
 from sapo.node.metrics import SamplerMetrics
@@ -136,7 +135,7 @@ class SamplerService:
         self._transport = transport
         self._dead_letters = dead_letters
         self._warm_client = warm_client
-        self.core: SamplerCore[Record] = build_sampler_core(settings, history)
+        self.core: SamplerCore[Record] = settings.core(history)
         self._intake = IntakeTally()
         self._jumped(
             history.next_sequence,

@@ -10,7 +10,7 @@ rule fails at start with what to set, e.g. `SAPO_SAMPLER_LOCAL_GROUPS=0` and
 from __future__ import annotations
 
 import re
-from typing import Self
+from typing import Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -18,9 +18,11 @@ from pydantic_settings import SettingsConfigDict
 from sapo.grpo.advantages import AdvantageScale
 from sapo.sampler import (
     AssemblyConfig,
+    History,
     Mix,
     MixPolicy,
     RoundMode,
+    SamplerCore,
     ScreenConfig,
     SelectionPolicy,
     VerifyMode,
@@ -29,6 +31,8 @@ from sapo.sampler import (
 from sapo.settings import LeaseSettings, PeerMetricsSettings, RoundSettings, ServiceSettings
 from sapo.tasks import config_digests, load_profile
 from sapo.tasks.datasets import UNSAFE_VERIFIERS, is_known_dataset
+
+H = TypeVar("H")
 
 
 class WarmStartSettings(BaseModel):
@@ -337,3 +341,8 @@ class SamplerSettings(ServiceSettings, RoundSettings, LeaseSettings, PeerMetrics
             deadline_s=self.deadline_s,
             seed=self.seed,
         )
+
+    def core(self, history: History) -> SamplerCore[H]:
+        """The sampler's pure core, continuing the batch sequence and dedupe set recovered in `history`:
+        built here, not in `sapo.node.build`, so that a sampler process never loads torch."""
+        return SamplerCore(self.screen_config(), self.assembly_config(), history)

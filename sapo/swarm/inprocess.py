@@ -60,7 +60,7 @@ from sapo.generator import Pacing, RoundSource, generate_items, round_items
 from sapo.generator.settings import BackendKind, DType
 from sapo.identity import Sender
 from sapo.lifecycle import StopFlag, install_signal_handlers
-from sapo.node.build import build_sampler_core, build_trainer, round_source
+from sapo.node.build import build_trainer, round_source
 from sapo.sampler import History, Origin, SamplerCore
 from sapo.sampler.settings import SamplerSettings
 from sapo.settings import ConfigError
@@ -126,7 +126,7 @@ class LockstepSampler:
 
     def __init__(self, settings: SamplerSettings, history: History | None = None) -> None:
         self.settings = settings
-        self.core: SamplerCore[None] = build_sampler_core(settings, history or History())
+        self.core: SamplerCore[None] = settings.core(history or History())
         self.rejected: Counter[str] = Counter()
 
     def offer(self, group: rollout_pb2.RolloutGroup, origin: Origin, now_s: float) -> None:

@@ -58,7 +58,7 @@ from typing import Literal
 from transformers import PreTrainedTokenizerBase
 
 from sapo.convert import question_from_proto
-from sapo.grpo import TrainSample, with_eos
+from sapo.grpo.layout import TrainSample, with_eos
 from sapo.models import tokenizer_fingerprint
 from sapo.tasks import STOP_STRINGS, encode_prompt, render_prompt
 from sapo.v1 import batch_pb2, rollout_pb2

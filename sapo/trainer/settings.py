@@ -13,8 +13,8 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from sapo.generator.work import PacingSettings
-from sapo.grpo import DEFAULT_LOSS_CONFIG as PAPER_LOSS
-from sapo.grpo import LossConfig
+from sapo.grpo.loss import DEFAULT_LOSS_CONFIG as PAPER_LOSS
+from sapo.grpo.loss import LossConfig
 from sapo.models.settings import ModelSettings
 from sapo.settings import LeaseSettings, PeerMetricsSettings, RoundSettings, ServiceSettings
 from sapo.trainer import OptimConfig, StepConfig

@@ -43,20 +43,16 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from sapo.grpo import (
-    LossConfig,
-    LossMetrics,
+from sapo.grpo.layout import (
     PackedBatch,
-    TokenLogprobs,
-    combine_metrics,
-    grpo_loss,
     pack,
-    policy_logprobs,
     prompt_groups,
-    shared_prompt_logprobs,
     split_by_shared_prompt_budget,
     split_by_token_budget,
 )
+from sapo.grpo.logprobs import TokenLogprobs, policy_logprobs
+from sapo.grpo.loss import LossConfig, LossMetrics, combine_metrics, grpo_loss
+from sapo.grpo.shared_prompt import shared_prompt_logprobs
 from sapo.trainer.sequences import Row, RowMode
 
 Precision = Literal["fp32", "bf16"]

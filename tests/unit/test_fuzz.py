@@ -28,7 +28,6 @@ from sapo.identity import Sender
 from sapo.kafka import ConsumerLoop, DeadLetters, Disposition, Record, TransportMetrics
 from sapo.kafka.memory import MemoryBus, MemoryConsumerClient, MemoryPublisher
 from sapo.lifecycle import StopFlag
-from sapo.node.build import build_sampler_core
 from sapo.sampler import REASONS, History, Screen, SeenGroups, Unread, VerifyMode, arrival_facts, parse
 from sapo.sampler.settings import SamplerSettings
 from sapo.v1 import batch_pb2, identity_pb2, lease_pb2, policy_pb2, rollout_pb2, work_pb2
@@ -128,7 +127,7 @@ def _core() -> Any:
     settings_ = SamplerSettings(
         node_id=NODE, local_groups=2, external_groups=1, questions_per_round=2, expected_peers=1
     )
-    return build_sampler_core(settings_, History())
+    return settings_.core(History())
 
 
 @FUZZ
@@ -235,7 +234,7 @@ def _lazy_core() -> Any:
     settings_ = SamplerSettings(
         node_id=NODE, verify="lazy", round_mode="async", local_groups=0, external_groups=1, max_per_source=1
     )
-    return build_sampler_core(settings_, History())
+    return settings_.core(History())
 
 
 @FUZZ

@@ -3,6 +3,8 @@ function-local import of a project module known here with its reason (they hide 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,8 @@ LOCAL_IMPORTS = {
     ("sapo.conformance.cli", "sapo.conformance.generator"): "start-up time: `sapo --help` never loads torch",
     ("sapo.conformance.cli", "sapo.conformance.sampler"): "start-up time",
     ("sapo.conformance.cli", "sapo.conformance.trainer"): "start-up time",
+    ("sapo.node.metrics", "sapo.trainer"): "the sampler imports the module and never loads torch",
+    ("sapo.node.metrics", "sapo.trainer.contributions"): "the same (`contributions` is also a module)",
 }
 
 
@@ -39,3 +43,10 @@ def test_every_module_has_a_layer_and_the_library_never_imports_the_entrypoints(
     for module in graph.modules:
         graph_module.layer_of(module)  # raises for a module in no layer
     assert not [(a, b) for a, b in graph.edges if a.startswith("sapo") and b.startswith("services")]
+
+
+def test_the_sampler_service_loads_neither_torch_nor_transformers() -> None:
+    """A sampler runs no model: importing them would cost it seconds of start-up and ~300 MB."""
+    probe = "import sys, services.sampler.main; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

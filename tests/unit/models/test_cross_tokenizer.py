@@ -15,7 +15,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from sapo.backends import Sample, SamplingConfig, TransformersBackend
 from sapo.generator import BatchContext, Item, RoundPrompt, build_group
-from sapo.grpo import pack, policy_logprobs
+from sapo.grpo.layout import pack
+from sapo.grpo.logprobs import policy_logprobs
 from sapo.identity import Sender
 from sapo.models import load_model, tokenizer_fingerprint
 from sapo.sampler import Scored, Screen, SeenGroups, parse

@@ -12,7 +12,6 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from sapo.convert import question_to_proto
 from sapo.identity import NodeKey, Sender, Signer
-from sapo.node.build import build_sampler_core
 from sapo.sampler import AssemblyConfig, History, SamplerCore, Scored, Screen, ScreenConfig
 from sapo.sampler.screen import Origin
 from sapo.sampler.settings import SamplerSettings
@@ -118,4 +117,4 @@ def scored(
 def sampler_core(history: History | None, values: dict[str, object]) -> SamplerCore[str]:
     """The sampler core of a node with these settings values, continuing `history` (empty if None)."""
     settings = SamplerSettings(**values)  # type: ignore[arg-type]
-    return build_sampler_core(settings, history or History())
+    return settings.core(history or History())

@@ -17,7 +17,9 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from sapo.convert import question_from_proto, question_to_proto
-from sapo.grpo import TrainSample, group_advantages, pack, policy_logprobs
+from sapo.grpo.advantages import group_advantages
+from sapo.grpo.layout import TrainSample, pack
+from sapo.grpo.logprobs import policy_logprobs
 from sapo.models import build_tiny_model, tokenizer_fingerprint
 from sapo.tasks import EASY_PROFILE, STOP_STRINGS, TaskStream
 from sapo.tasks import prompt_ids as encoded_prompt

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sapo.grpo import TrainSample
+from sapo.grpo.layout import TrainSample
 from sapo.trainer import Row, RowMode, contributions
 
 pytestmark = pytest.mark.unit

@@ -8,7 +8,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from sapo.backends import SamplingConfig, TransformersBackend
 from sapo.convert import question_from_proto
-from sapo.grpo import pack, policy_logprobs
+from sapo.grpo.layout import pack
+from sapo.grpo.logprobs import policy_logprobs
 from sapo.tasks import ANSWER_PREFILL, STOP_STRINGS, prompt_ids
 from sapo.trainer import ExternalLogprobs, RowMode, SequenceBuilder
 from sapo.v1 import question_pb2
