@@ -38,8 +38,9 @@ Before the facts header (3 rounds; 2-core dev machine shared with other jobs, lo
 raw ~47k msgs/s, eager 0.040 x raw, lazy ~6.9k msgs/s (0.15 x; 0.17 x in a quieter run). Lazy
 arrival decoded (~5 us), validated (~15 us), screened (~10 us) and held decoded groups.
 
-Last runs (5 rounds, the same machine, load average 2-3.5; run to run the raw rate moves between
-~33k and ~80k msgs/s with the other jobs, so single ratios move by +-0.1):
+Runs before the lazy draw and the expiry heaps (5 rounds, the same machine, load average 2-3.5; run
+to run the raw rate moves between ~33k and ~80k msgs/s with the other jobs, so single ratios move by
++-0.1):
 
 - 1,000 nodes x 20 groups: raw ~44k msgs/s (14.8 us CPU per message), lazy ~20k msgs/s: 0.46 x raw
   by medians, 0.47 x paired, 0.40 x by CPU (37 us per message); lazy-old 0.20 x, eager 0.04 x,
@@ -53,14 +54,30 @@ Last runs (5 rounds, the same machine, load average 2-3.5; run to run the raw ra
   batches of I=4 per round), a quieter hour (load ~2): raw ~62k msgs/s (13.9 us CPU), lazy ~30k
   msgs/s: 0.48 x by medians and paired, 0.45 x by CPU (31 us); lazy-old 0.24 x, eager 0.045 x.
 
-Where lazy's ~23 us of CPU per message above raw go (no broker, gc frozen): arrival ~10 us (facts
+Where lazy's ~23 us of CPU per message above raw went (no broker, gc frozen): arrival ~10 us (facts
 header parsed ~1.6 us, the screening filters and the unverified entry ~3.5 us, pool admission and
 dedupe ~2 us, the sender and the loop's handler ~2 us); emitting the batches ~5-9 us per message
 at one batch per 1,000 groups read: ~7-9 ms per batch, of which the J=4 deferred verifications
 (decode, validation, re-derivation, re-scoring: ~0.45 ms each) ~2 ms, and the shuffle (random.shuffle
 of the 4,096-group pool, the uniform selection's draw) and two expiry scans of the whole pool the
-rest. At the paper's batch rate that share falls 4-40 x; drawing the order one candidate at a time
-would cut the shuffle to J candidates but changes which groups a seed picks, so it is not done here.
+rest.
+
+Since then the uniform draw shuffles lazily (`sapo.sampler.selection.shuffled`: J candidates cost
+about J draws) and expiry pops only what aged (`Pool.take_aged`, per-origin heaps), so emitting a
+batch is its deferred verifications: 2.3-4 us per message read (no broker: 3.3-4.2 us for 1,000 nodes,
+2.3 us for 10,000; it was 10-12 us in the same measurement before). Runs with both changes, the two
+cores shared with two 135M experiment processes (load average ~3):
+
+- 1,000 nodes x 20 groups: raw ~29k msgs/s (15.5 us CPU), lazy ~15k msgs/s: 0.498 x paired, 0.38 x
+  by CPU (40.5 us); emitting 4.7 us per message. FAIL, by 0.002.
+- 10,000 nodes x 2 groups: raw ~37k msgs/s (15.7 us CPU), lazy ~16k msgs/s: 0.466 x paired (0.42
+  before), 0.40 x by CPU (39.7 us); one lazy sampler reads 2 x the 8,000 groups/s of 10,000 nodes.
+
+What is left is spread thin over the arrival path: of ~17-20 us per message without the broker, the
+facts header and screening ~7 us, pool admission and pooling ~5 us (most arrivals of these swarms
+are refused `pool_full` after screening: refusing on the pool's share before screening would be
+cheaper but would count no-signal and duplicate groups as `pool_full`), the sender and the handler
+~3 us, the batches ~3 us.
 
     .venv/bin/python bench/bench_sampler.py [--nodes 1000] [--groups-per-node 20] [--rounds 5]
 """
