@@ -26,6 +26,7 @@ import logging
 import re
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TextIO
@@ -183,13 +184,16 @@ def record_command(out_dir: Path, command: str) -> None:
         (out_dir / COMMANDS).write_text(json.dumps([*commands, command], indent=1))
 
 
-def report_header(scenario: Scenario, commands: list[str]) -> str:
+def report_header(scenario: Scenario, commands: list[str], ran: Sequence[str] = ()) -> str:
+    """`ran`: configurations of finished runs; with the scenario's, the header names both (runs of one
+    directory may come from several `--configs` invocations)."""
     plan = scenario.evaluation
+    configs = [*scenario.configs, *(c for c in ran if c not in scenario.configs)]
     reproduce = "\n".join(f"Reproduce: `{c}`" for c in commands) or "Reproduce: (no command recorded)"
     groups = ", ".join(f"{g.count} x {g.name}" for g in scenario.groups)
     return (
         f"# Experiment `{scenario.name}`\n\n{scenario.description}\n\n"
-        f"Nodes: {groups}; configurations: {', '.join(scenario.configs)}; seeds: "
+        f"Nodes: {groups}; configurations: {', '.join(configs)}; seeds: "
         f"{', '.join(map(str, scenario.seeds))}. Held-out: {plan.questions} eval-split questions of "
         f"`{plan.profile}` x {plan.samples} samples at T=1.0, the same for every policy. The scenario as "
         f"run, with every manifest key: `experiment.json`; every run's manifest: `manifests/`.\n\n"
@@ -201,9 +205,10 @@ def write_scenario_report(scenario: Scenario, out_dir: Path, command: str = "") 
     """The report from every finished run; its "Reproduce" lines are the recorded commands, or
     `command` where none was recorded (results written before commands were)."""
     commands = recorded_commands(out_dir) or ([command] if command else [])
+    ran = [json.loads(p.read_text())["config"] for p in sorted(out_dir.glob(f"runs/*/{RESULT}"))]
     return write_report(
         out_dir,
-        report_header(scenario, commands),
+        report_header(scenario, commands, list(dict.fromkeys(ran))),
         order=scenario.config_names,
         pairs=scenario.comparisons,
         heldout_profile=scenario.evaluation.profile,

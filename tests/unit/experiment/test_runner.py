@@ -101,3 +101,16 @@ def test_report_names_every_command_that_ran_runs(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(SCENARIO, sort_keys=False))
     header = report_header(load_scenario(str(path)), recorded_commands(tmp_path))
     assert "Reproduce: `sapo experiment --in-process`\nReproduce: `sapo experiment --confirm`" in header
+
+
+def test_report_header_names_the_configurations_of_every_finished_run(tmp_path: Path) -> None:
+    """Runs of one directory can come from several `--configs` invocations: the header names all."""
+    from sapo.experiment.plan import select
+    from sapo.experiment.runner import report_header
+
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(SCENARIO, sort_keys=False))
+    scenario = load_scenario(str(path))
+    first, *others = scenario.configs
+    header = report_header(select(scenario, configs=[first]), [], ran=[*others, first])
+    assert f"configurations: {', '.join([first, *others])};" in header
