@@ -22,6 +22,11 @@ switches). `--cpus 0` leaves the affinity alone; the services then also gain fro
 is a different question. The CPU seconds of each whole run (start-up included; Kafka: every child
 process plus this one) are printed too.
 
+Run it on an otherwise idle machine. Other jobs skew it toward the services: while the services'
+13 processes are pinned to the CPU, the kernel moves the other jobs to the remaining cores; while the
+in-process run's single process is, it does not, and that run shares its CPU. Two runs beside two
+single-threaded evaluations read -0.4% and +0.4% (fetch waits of 50 and 200 ms).
+
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_pipeline.py [--model warm:0] [--nodes 4] [--rounds 10]
 
 Target: overhead = Kafka / in-process - 1 <= 5%. A quick check of the script itself:
