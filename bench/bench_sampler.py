@@ -69,7 +69,8 @@ batch is its deferred verifications: 2.3-4 us per message read (no broker: 3.3-4
 cores shared with two 135M experiment processes (load average ~3):
 
 - 1,000 nodes x 20 groups: raw ~29k msgs/s (15.5 us CPU), lazy ~15k msgs/s: 0.498 x paired, 0.38 x
-  by CPU (40.5 us); emitting 4.7 us per message. FAIL, by 0.002.
+  by CPU (40.5 us); emitting 4.7 us per message. FAIL, by 0.002. On the idle machine: raw ~68k
+  msgs/s (17.1 us CPU), lazy ~32k: 0.488 x paired, 0.52 x by CPU (33.1 us). FAIL.
 - 10,000 nodes x 2 groups: raw ~37k msgs/s (15.7 us CPU), lazy ~16k msgs/s: 0.466 x paired (0.42
   before), 0.40 x by CPU (39.7 us); one lazy sampler reads 2 x the 8,000 groups/s of 10,000 nodes.
 
