@@ -16,7 +16,7 @@ import math
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import NamedTuple, Protocol, TypeVar
+from typing import Final, NamedTuple, Protocol, TypeVar
 
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -32,6 +32,7 @@ H_TYPE = "sapo-type"
 H_FACTS = "sapo-group-facts"
 FACTS_VERSION = "f1"
 """The first field of a `sapo-group-facts` value; a receiver ignores a header of another version."""
+_FACTS_PREFIX: Final = FACTS_VERSION.encode() + b";"
 
 Headers = Mapping[str, bytes]
 M = TypeVar("M", bound=Message)
@@ -139,7 +140,7 @@ def read_facts(headers: Headers) -> GroupFacts | None:
     """The facts header of a record: None when absent or of another version (the receiver decodes
     the body instead). Raises InvalidMessageError("facts_mismatch") when it is malformed."""
     raw = headers.get(H_FACTS)
-    if raw is None or not raw.startswith(FACTS_VERSION.encode() + b";"):
+    if raw is None or not raw.startswith(_FACTS_PREFIX):
         return None
     fields = raw.decode("ascii", "replace").split(";")
     try:

@@ -129,9 +129,10 @@ class Assembler(ABC, Generic[H]):
         """Pool a screened group; returns a refusal reason instead when the mode cannot use it."""
         if not scored.verified and self._verify is None:
             raise ValueError(f"unverified group {scored.group_id}: this assembler was given no verify")
-        if self.pool.admission(scored.origin, scored.peer) is Admission.REFUSE:
+        verdict = self.pool.admission(scored.origin, scored.peer)
+        if verdict is Admission.REFUSE:
             return "pool_full"
-        evicted = self.pool.add(Entry(scored, handle, now_s))
+        evicted = self.pool.add(Entry(scored, handle, now_s), verdict)
         if evicted is not None:
             self._discards.append(Discard(evicted, "evicted"))
         return None

@@ -18,8 +18,7 @@ import heapq
 import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 from sapo.sampler.fairness import Admission, admission
 from sapo.sampler.screen import ORIGINS, Origin, Scored
@@ -27,9 +26,8 @@ from sapo.sampler.screen import ORIGINS, Origin, Scored
 H = TypeVar("H")
 
 
-@dataclass(frozen=True)
-class Entry(Generic[H]):
-    """One pooled group and the handle of the message it came in."""
+class Entry(NamedTuple, Generic[H]):
+    """One pooled group and the handle of the message it came in. A named tuple, as `Scored`."""
 
     scored: Scored
     handle: H
@@ -102,11 +100,12 @@ class Pool(Generic[H]):
         total = len(self._entries[origin])
         return admission(shares.counts.get(peer, 0), shares.largest, total, self._max)
 
-    def add(self, entry: Entry[H]) -> Entry[H] | None:
+    def add(self, entry: Entry[H], verdict: Admission | None = None) -> Entry[H] | None:
         """Pool the entry, in place of the group fairness evicts for it (returned); the caller checks
-        `admission` first: a refused entry raises ValueError."""
+        `admission` first (and may pass what it answered: nothing changed the pool since): a refused
+        entry raises ValueError."""
         origin, peer = entry.scored.origin, entry.scored.peer
-        verdict = self.admission(origin, peer)
+        verdict = verdict or self.admission(origin, peer)
         evicted = None
         if verdict is Admission.REFUSE:
             raise ValueError(f"group {entry.group_id} of {peer} has no place in the full {origin} pool")

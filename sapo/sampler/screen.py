@@ -172,8 +172,7 @@ class ScreenConfig:
     keep_local_zero_advantage: bool
 
 
-@dataclass(frozen=True)
-class Scored:
+class Scored(NamedTuple):
     """A group that passed the filters, with its rewards and advantages.
 
     `group` holds only the scored completions (ERROR ones removed), so rewards, advantages and
@@ -181,6 +180,9 @@ class Scored:
     are: True, the receiver's own (re-derived and re-scored), the only kind a batch may hold; False
     (lazy mode, external groups), the sender's claims with no advantages yet, until `Screen.verify`
     replaces them when the selection picks the group.
+
+    A named tuple, not a frozen dataclass: a sampler builds one per record that passes screening (most
+    of a large swarm's arrivals), at a quarter of the cost.
     """
 
     group: rollout_pb2.RolloutGroup
@@ -362,7 +364,8 @@ class Screen:
         group = rollout_pb2.RolloutGroup(group_id=facts.group_id, node_id=node, round=facts.round)
         if self._on_arrival is not None:
             self._on_arrival(group, "external", now_s)
-        if self._too_old(facts.completed_s, now_s):
+        completed_s = facts.completed_s
+        if self._too_old(completed_s, now_s):
             return "too_old"
         if facts.group_id in self.seen:
             return "duplicate"
@@ -373,7 +376,7 @@ class Screen:
             return "too_few_completions"
         if not facts.signal:
             return "no_signal_claimed"
-        return Scored(group, "external", (), (), facts.completed_s, verified=False, unread=unread)
+        return Scored(group, "external", (), (), completed_s, verified=False, unread=unread)
 
     def verify(self, scored: Scored) -> Scored | str:
         """The verified form of a group `check` or `check_facts` passed unverified, or the reason it

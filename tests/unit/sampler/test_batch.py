@@ -3,8 +3,6 @@ wire rule that lets a lock-step round emit an empty batch."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from sapo import wire
@@ -69,6 +67,6 @@ def test_an_undecodable_batch_still_holds_its_sequence() -> None:
 
 
 def test_claimed_rewards_never_reach_a_batch() -> None:
-    claimed = dataclasses.replace(scored("external", "peer-1"), advantages=(), verified=False)
+    claimed = scored("external", "peer-1")._replace(advantages=(), verified=False)
     with pytest.raises(ValueError, match="unverified"):
         build_batch("node-0", 0, [claimed], [], round_=None, created_at=wire.now_timestamp())
