@@ -240,7 +240,7 @@ def _add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_experiment(args: argparse.Namespace) -> int:
-    from sapo.experiment.plan import load_scenario, parse_assignment, recorded_scenario, select
+    from sapo.experiment.plan import load_scenario, parse_assignment, recorded_scenario, select, widened
     from sapo.experiment.runner import Mode, run_experiment, write_plan, write_scenario_report
 
     overrides = dict(parse_assignment(a) for a in args.assignments)
@@ -248,8 +248,9 @@ def _run_experiment(args: argparse.Namespace) -> int:
     evaluation = {
         k: v for k, v in (("questions", args.eval_questions), ("samples", args.eval_samples)) if v is not None
     }
+    base = load_scenario(args.scenario)
     scenario = select(
-        load_scenario(args.scenario),
+        base,
         configs=[c.strip() for c in args.configs.split(",")] if args.configs else None,
         seeds=args.seeds,
         overrides=overrides,
@@ -261,13 +262,14 @@ def _run_experiment(args: argparse.Namespace) -> int:
     command = (
         "sapo " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["experiment"] else ""
     )
-    if args.plan_only:
-        runs = write_plan(scenario, out_dir)
-        print(f"wrote {out_dir / 'experiment.json'} and {runs} manifests")
-        return 0
+    recorded = recorded_scenario(out_dir / "experiment.json")
     if args.report_only:  # the scenario as it was run, when the directory records one
-        recorded = recorded_scenario(out_dir / "experiment.json")
         print(write_scenario_report(recorded or scenario, out_dir))
+        return 0
+    whole = widened(base, scenario, recorded, nodes=args.nodes)
+    if args.plan_only:
+        runs = write_plan(whole, out_dir)
+        print(f"wrote {out_dir / 'experiment.json'} and {runs} manifests")
         return 0
     return run_experiment(
         scenario,
@@ -277,6 +279,7 @@ def _run_experiment(args: argparse.Namespace) -> int:
         keep_checkpoints=args.keep_checkpoints,
         out=sys.stdout,
         confirm=args.confirm,
+        recorded_as=whole,
     )
 
 

@@ -298,6 +298,41 @@ def select(
     return result
 
 
+def widened(
+    base: Scenario, scenario: Scenario, recorded: Scenario | None, *, nodes: int | None = None
+) -> Scenario:
+    """What an experiment directory records once `scenario` (`base` with selections applied) runs in
+    it: `recorded` (its experiment.json) being the same experiment (name, nodes, defaults, overrides,
+    held-out set), the configurations and seeds of both, selected from `base` again so that its own
+    comparisons among them come back; otherwise `scenario`. Invocations split by `--configs` or
+    `--seeds` (one per core, side by side) so leave the whole experiment recorded, not the last part."""
+    if recorded is None or _identity(recorded) != _identity(scenario):
+        return scenario
+    known = [*base.configs, *recorded.configs, *scenario.configs]
+    ran = [c for c in dict.fromkeys(known) if c in recorded.configs or c in scenario.configs]
+    names = [c for c in ran if c in base.configs or parse_mix(c)]  # one the file no longer has: dropped
+    seeds = sorted({*recorded.seeds, *scenario.seeds})
+    return select(
+        base,
+        configs=names,
+        seeds=seeds,
+        overrides=scenario.overrides,
+        nodes=nodes,
+        evaluation={"questions": scenario.evaluation.questions, "samples": scenario.evaluation.samples},
+    )
+
+
+def _identity(scenario: Scenario) -> tuple[Any, ...]:
+    """What makes runs of two selections parts of one experiment."""
+    return (
+        scenario.name,
+        [g.model_dump() for g in scenario.groups],
+        dict(scenario.defaults),
+        dict(scenario.overrides),
+        scenario.evaluation.model_dump(),
+    )
+
+
 def _ad_hoc(name: str, scenario: Scenario) -> dict[str, Any]:
     if parse_mix(name) is None:
         raise ConfigError(

@@ -237,8 +237,11 @@ def run_experiment(
     keep_checkpoints: bool,
     out: TextIO,
     confirm: bool = False,
+    recorded_as: Scenario | None = None,
 ) -> int:
-    """Every planned run (skipping finished ones), then the report; returns an exit code."""
+    """Every planned run (skipping finished ones), then the report; returns an exit code.
+    `recorded_as` is what experiment.json and the report cover (`sapo.experiment.plan.widened`;
+    default `scenario`)."""
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # bars bury the per-run lines
     for name in ("sapo.kafka", "sapo.broker"):  # the swarm's own lines go to each run's swarm.out
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -253,7 +256,8 @@ def run_experiment(
                 "another --out\n"
             )
             return 2
-    write_plan(scenario, out_dir)
+    whole = recorded_as or scenario
+    write_plan(whole, out_dir)
     started = time.monotonic()
     for spec in specs:
         if (out_dir / "runs" / spec.name / RESULT).exists():
@@ -269,6 +273,6 @@ def run_experiment(
             return code
         out.write(f"{spec.name}: done in {time.monotonic() - run_started:.0f} s\n")
         out.flush()
-    report = write_scenario_report(scenario, out_dir, command)
+    report = write_scenario_report(whole, out_dir, command)
     out.write(f"report: {report} ({time.monotonic() - started:.0f} s this invocation)\n")
     return 0

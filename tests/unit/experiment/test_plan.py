@@ -159,3 +159,21 @@ def test_cli_plan_only_writes_the_plan_and_bad_configurations_fail_with_what_to_
     assert "not an I/J mix" in caplog.text
     assert main(["experiment", "--scenario", "nope", "--out", str(out), "--plan-only"]) == 2
     assert "neither a shipped scenario" in caplog.text
+
+
+def test_invocations_split_by_configuration_leave_the_whole_experiment_recorded(tmp_path: Path) -> None:
+    plan_only = ["experiment", "--scenario", "selection", "--out", str(tmp_path / "split"), "--plan-only"]
+    assert main([*plan_only, "--configs", "4/4"]) == 0
+    assert main([*plan_only, "--configs", "8/0"]) == 0
+    args = [*plan_only, "--configs", "4/4-guided"]
+    assert main([*args, "--seeds", "7"]) == 0
+    plan = json.loads((tmp_path / "split" / "experiment.json").read_text())
+    # the scenario file's order and its own comparisons among what ran, every seed run
+    assert list(plan["configs"]) == ["8/0", "4/4", "4/4-guided"]
+    assert plan["baseline"] == "8/0"
+    assert plan["comparisons"] == ["4/4 vs 8/0", "4/4-guided vs 8/0", "4/4-guided vs 4/4"]
+    assert plan["seeds"] == [0, 1, 2, 7]
+    # another experiment (here: another held-out set) is recorded as it is, not merged
+    assert main([*args, "--eval-questions", "64"]) == 0
+    plan = json.loads((tmp_path / "split" / "experiment.json").read_text())
+    assert (list(plan["configs"]), plan["evaluation"]["questions"]) == (["4/4-guided"], 64)
