@@ -1,32 +1,48 @@
 """CPU sampling speed of the bundled 135M model: what the generator runs by default against the variants
 one could run instead, all in one process, alternated so machine noise hits every variant alike.
 
-Variants (each a `TransformersBackend` over its own copy of SmolLM2-135M-Instruct, fp32):
+Variants (each a `TransformersBackend` over its own copy of SmolLM2-135M-Instruct):
 
-- `baseline`: what a generator runs by default (transformers' SDPA attention, KV cache, 1 thread unless
-  `--threads`: a node's processes share few cores, so the swarm launcher pins torch to one thread);
+- `baseline`: what a generator runs by default (fp32, transformers' SDPA attention, KV cache, each
+  prompt read once and its cache shared by its L completions, 1 thread unless `--threads`: a node's
+  processes share few cores, so the swarm launcher pins torch to one thread);
+- `prompt-per-row`: the baseline reading each prompt once per completion, as `generate`'s
+  `num_return_sequences` does (what the generator ran before);
 - `eager-attention`: transformers' plain attention instead of SDPA;
 - `int8-dynamic`: `SAPO_GENERATOR_QUANTIZATION=int8-dynamic`, linear layers of a copy quantized to int8
   (torch dynamic quantization); the policy's fp32 weights stay what the trainer and reloads see;
+- `bf16`: `SAPO_GENERATOR_DTYPE=bfloat16`, the whole model in bf16 (fast only on CPUs with native
+  bf16 matmuls: AVX512-BF16 or AMX);
 - `threads-2`: the baseline with two intra-op threads (only a win when the core is otherwise idle).
 
-Every variant samples the same prompts with the same per-prompt seeds. For `int8-dynamic` the bench
-also reports how far its behaviour log-probs are from the fp32 policy's on the tokens it sampled
-(teacher-forced), i.e. the importance weights the trainer applies: the price of the speed.
-Targets: int8-dynamic >= 1.5x the baseline's tokens/s (speed) and a mean |log pi - log mu| <= 0.1 nats
-per sampled token (fidelity: a copy further away than that is a different policy, and the trainer's
-truncated importance weights then carry most of the correction).
+The prompts are the generator's own (the first `--questions` of a node's easy-task stream rendered
+with the one-shot chat template: 86-354 tokens for the default 4). Every variant samples the same
+prompts with the same per-prompt seeds. For `int8-dynamic` and `bf16` the bench also reports how far
+their behaviour log-probs are from the fp32 policy's on the tokens they sampled (teacher-forced), i.e.
+the importance weights the trainer applies: the price of the speed. Targets: >= 1.5x the baseline's
+tokens/s (speed) and a mean |log pi - log mu| <= 0.1 nats per sampled token (fidelity: a copy further
+away than that is a different policy, and the trainer's truncated importance weights then carry most
+of the correction).
 
 Measured on the 2-core dev machine (4 prompts x 4 samples x 32 new tokens, the `make swarm` example's
-shape; other jobs running; medians of 3): baseline 41 tok/s, eager attention 1.00x (no gain), two
-threads 0.81x (the second core was busy), int8-dynamic 3.72x but 0.85 nats per token from the policy,
-71% of the tokens with pi/mu outside [0.8, 1.28]: speed PASS, fidelity FAIL. Per-channel weight scales
-(0.73 nats), keeping the 49k-vocabulary output layer in fp32 (0.86 nats, and only 1.6x) did not close
-the gap: int8 activations of this model lose too much. So quantized rollouts stay an opt-in
-(`SAPO_GENERATOR_QUANTIZATION`) for throughput-bound runs, off by default and off in `make swarm`.
-Tried once outside this script: torchao 0.18's `Int8DynamicActivationInt8WeightConfig` and
-`Int8WeightOnlyConfig` ran at 1.0-1.1x without `torch.compile` (compiling costs more than a short
-run's sampling).
+shape; three experiment processes on the cores, load average ~5; medians of 2):
+
+- reading each prompt once: **2.74x** the tokens/s of `prompt-per-row` (kept: the default). With
+  short completions the prompt pass is most of the work, and a batch's prompts are left-padded to
+  the longest, so reading them L times multiplied the largest cost by L.
+- `bf16`: 1.13x, 0.027 nats per token from the policy (0.8% of tokens with pi/mu outside [0.8,
+  1.28]): fidelity PASS, speed FAIL at this shape (a 16 x 250-token forward pass alone was 1.9x
+  faster in bf16 on this AVX512-BF16 CPU; the decode steps' per-step overhead does not shrink).
+  Kept as an option, off by default: on AVX2-only CPUs bf16 is several times slower than fp32.
+- `int8-dynamic`: 1.88x, but 0.82 nats per token from the policy, 67% of the tokens with pi/mu
+  outside [0.8, 1.28]: speed PASS, fidelity FAIL. Per-channel weight scales (0.73 nats), keeping the
+  49k-vocabulary output layer in fp32 (0.86 nats, and only 1.6x) did not close the gap: int8
+  activations of this model lose too much. So quantized rollouts stay an opt-in
+  (`SAPO_GENERATOR_QUANTIZATION`) for throughput-bound runs, off by default and off in `make swarm`.
+- Earlier runs with short 45-token prompts (before the prompt was shared): eager attention 1.00x (no
+  gain), two threads 0.81x (the second core was busy), int8-dynamic 3.72x. Tried once outside this
+  script: torchao 0.18's `Int8DynamicActivationInt8WeightConfig` and `Int8WeightOnlyConfig` ran at
+  1.0-1.1x without `torch.compile` (compiling costs more than a short run's sampling).
 
     .venv/bin/python bench/bench_cpu_generation.py [--rounds 3] [--questions 4] [--samples 4]
 """
@@ -43,15 +59,18 @@ from collections.abc import Callable
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
-from bench_generator import QUESTIONS, chat_prompts
 from transformers import PreTrainedModel
 
 from sapo.backends import Sample, SamplingConfig, TransformersBackend
 from sapo.backends.hf import INT8_DYNAMIC
 from sapo.models import BUNDLED_REF, load_model
+from sapo.tasks import EASY_PROFILE, TaskStream
+from sapo.tasks.prompt import prompt_ids
 
 TARGET = 1.5
 MAX_GAP = 0.1
+BF16 = "bf16"
+PER_ROW = "prompt-per-row"
 
 
 def eager(model: PreTrainedModel) -> PreTrainedModel:
@@ -63,16 +82,23 @@ def variants(threads: int) -> dict[str, tuple[Callable[[], TransformersBackend],
     """name -> (backend factory, torch threads, quantization)."""
 
     def backend(
-        prepare: Callable[[PreTrainedModel], PreTrainedModel], quantization: str = ""
+        prepare: Callable[[PreTrainedModel], PreTrainedModel],
+        quantization: str = "",
+        dtype: torch.dtype = torch.float32,
+        share_prompt: bool = True,
     ) -> TransformersBackend:
-        model, tokenizer = load_model(BUNDLED_REF)
-        return TransformersBackend(prepare(model), tokenizer, quantization=quantization)
+        model, tokenizer = load_model(BUNDLED_REF, dtype=dtype)
+        return TransformersBackend(
+            prepare(model), tokenizer, quantization=quantization, share_prompt=share_prompt
+        )
 
     same: Callable[[PreTrainedModel], PreTrainedModel] = lambda m: m  # noqa: E731 - a one-line identity
     return {
         "baseline": (lambda: backend(same), threads, ""),
+        PER_ROW: (lambda: backend(same, share_prompt=False), threads, ""),
         "eager-attention": (lambda: backend(eager), threads, ""),
         INT8_DYNAMIC: (lambda: backend(same, INT8_DYNAMIC), threads, INT8_DYNAMIC),
+        BF16: (lambda: backend(same, dtype=torch.bfloat16), threads, ""),
         "threads-2": (lambda: backend(same), 2, ""),
     }
 
@@ -98,18 +124,26 @@ def policy_gap(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="timed passes over every variant")
-    parser.add_argument("--questions", type=int, default=4, choices=range(1, len(QUESTIONS) + 1))
+    parser.add_argument("--questions", type=int, default=4, help="prompts per call (B)")
     parser.add_argument("--samples", type=int, default=4, help="completions per question (L)")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the baseline")
-    args = parser.parse_args()
 
-    built = {name: (factory(), threads, q) for name, (factory, threads, q) in variants(args.threads).items()}
+    parser.add_argument(
+        "--without", default="", help="comma-separated variants to leave out (the baseline always runs)"
+    )
+    args = parser.parse_args()
+    left_out = set(filter(None, args.without.split(","))) - {"baseline"}
+    chosen = {name: v for name, v in variants(args.threads).items() if name not in left_out}
+    built = {name: (factory(), threads, q) for name, (factory, threads, q) in chosen.items()}
     tokenizer = built["baseline"][0].tokenizer
-    prompts = chat_prompts(tokenizer)[: args.questions]
+    # The generator's own prompts (easy tasks, one-shot chat template: ~90-390 tokens), as it renders them.
+    stream = TaskStream(EASY_PROFILE, node_seed=1, split="train")
+    prompts = [list(prompt_ids(tokenizer, next(stream))) for _ in range(args.questions)]
     seeds = list(range(len(prompts)))
     print(
-        f"{len(prompts)} prompts x {args.samples} samples x {args.max_new_tokens} new tokens, fp32,"
+        f"{len(prompts)} prompts ({', '.join(str(len(p)) for p in prompts)} tokens) x {args.samples} samples"
+        f" x {args.max_new_tokens} new tokens, fp32,"
         f" {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
     )
     times: dict[str, list[float]] = {name: [] for name in built}
@@ -139,20 +173,26 @@ def main() -> None:
             f"{name:>16}: median {statistics.median(times[name]):6.2f} s, {rate[name]:6.1f} tok/s,"
             f" {rate[name] / rate['baseline']:.2f}x baseline"
         )
-    gap, ratio, outside = policy_gap(built[INT8_DYNAMIC][0].model, prompts, last[INT8_DYNAMIC])
-    print(
-        f"int8-dynamic vs the fp32 policy on its own samples: mean |log pi - log mu| {gap:.3f},"
-        f" mean pi/mu {ratio:.3f}, {outside:.1%} of tokens outside [0.8, 1.28] (the trainer's IS weights)"
-    )
-    speedup = rate[INT8_DYNAMIC] / rate["baseline"]
-    print(
-        f"{'PASS' if speedup >= TARGET else 'FAIL'}: int8-dynamic {speedup:.2f}x the baseline's tokens/s"
-        f" (target >= {TARGET})"
-    )
-    print(
-        f"{'PASS' if gap <= MAX_GAP else 'FAIL'}: int8-dynamic {gap:.3f} nats per token from the policy"
-        f" (target <= {MAX_GAP})"
-    )
+    if PER_ROW in rate:
+        print(
+            f"the prompt read once per question: {rate['baseline'] / rate[PER_ROW]:.2f}x {PER_ROW}'s tokens/s"
+        )
+    policy = built["baseline"][0].model  # fp32: what the trainer holds
+    for name in (n for n in (INT8_DYNAMIC, BF16) if n in built):
+        gap, ratio, outside = policy_gap(policy, prompts, last[name])
+        print(
+            f"{name} vs the fp32 policy on its own samples: mean |log pi - log mu| {gap:.3f},"
+            f" mean pi/mu {ratio:.3f}, {outside:.1%} of tokens outside [0.8, 1.28] (the trainer's IS weights)"
+        )
+        speedup = rate[name] / rate["baseline"]
+        print(
+            f"{'PASS' if speedup >= TARGET else 'FAIL'}: {name} {speedup:.2f}x the baseline's tokens/s"
+            f" (target >= {TARGET})"
+        )
+        print(
+            f"{'PASS' if gap <= MAX_GAP else 'FAIL'}: {name} {gap:.3f} nats per token from the policy"
+            f" (target <= {MAX_GAP})"
+        )
 
 
 if __name__ == "__main__":

@@ -277,3 +277,24 @@ def test_int8_rollouts_sample_from_a_quantized_copy_that_follows_weight_reloads(
         backend.generate(prompts, SamplingConfig(max_new_tokens=2))
     with pytest.raises(ValueError, match="quantization must be one of"):
         TransformersBackend(other, tokenizer, quantization="int4")
+
+
+def test_prompts_read_once_sample_what_prompts_read_per_row_sample(
+    tokenizer: PreTrainedTokenizerBase, prompts: list[list[int]]
+) -> None:
+    """The shared prompt cache is an optimisation only: the same tokens, the same logprobs (up to the
+    floating-point differences of other batch shapes), for left-padded prompts down to one token.
+    (Not so for int8-dynamic rollouts, whose activation scales follow every call's batch anyway.)"""
+    params = SamplingConfig(max_new_tokens=10, num_samples=3, seed=5)
+    batch = [*prompts, prompts[1][-1:]]
+    made = {
+        share: TransformersBackend(
+            build_tiny_model(tokenizer, seed=0), tokenizer, share_prompt=share
+        ).generate(batch, params)
+        for share in (True, False)
+    }
+    shared, per_row = made[True], made[False]
+    assert [[s.token_ids for s in g] for g in shared] == [[s.token_ids for s in g] for g in per_row]
+    assert [[s.finish_reason for s in g] for g in shared] == [[s.finish_reason for s in g] for g in per_row]
+    for a, b in zip((s for g in shared for s in g), (s for g in per_row for s in g), strict=True):
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)
