@@ -30,6 +30,10 @@ shape; three experiment processes on the cores, load average ~5; medians of 2):
 - reading each prompt once: **2.74x** the tokens/s of `prompt-per-row` (kept: the default). With
   short completions the prompt pass is most of the work, and a batch's prompts are left-padded to
   the longest, so reading them L times multiplied the largest cost by L.
+- reading each prompt alone, unpadded (the 354-token prompt no longer pads three ~90-token ones),
+  and computing the output layer for its last position only: 1.15x more (median of 6 interleaved
+  calls each, one process, load average ~4: 11.36 s -> 9.85 s per batch); a later run of this script
+  under the same load: 2.22x `prompt-per-row`.
 - `bf16`: 1.13x, 0.027 nats per token from the policy (0.8% of tokens with pi/mu outside [0.8,
   1.28]): fidelity PASS, speed FAIL at this shape (a 16 x 250-token forward pass alone was 1.9x
   faster in bf16 on this AVX512-BF16 CPU; the decode steps' per-step overhead does not shrink).

@@ -6,15 +6,14 @@ How a batch is laid out and read back:
   ``generate`` derives position ids from the attention mask, so each completion token is
   produced at the same position it would have in the unpadded prompt; the trainer re-lays sequences
   out without padding and gets the same logits.
-- The batch has B*L rows; row ``r`` belongs to prompt ``r // L``. Each prompt is read once: one forward
-  pass over the B prompts (all but their last token) fills a KV cache that is repeated for the L rows
-  of each prompt, and ``generate`` continues from it (the prompt's last token, then the completion).
-  With short completions the prompt pass is most of a batch's work, and ``generate``'s own
-  ``num_return_sequences`` would read every prompt L times (`share_prompt=False` does, as the
-  reference this is tested against): 2.7x the tokens/s of the bundled 135M model for 4 of the
-  generator's prompts (86-354 tokens) x 4 completions x 32 tokens on one core
-  (`bench/bench_cpu_generation.py`). Int8-dynamic rollouts share it too, but their samples were never
-  independent of the batch (activation scales are computed per call).
+- The batch has B*L rows; row ``r`` belongs to prompt ``r // L``. Each prompt is read once: a forward
+  pass over each prompt alone (all but its last token, unpadded) fills a KV cache that is stacked
+  right-aligned and repeated for the L rows of each prompt, and ``generate`` continues from it (the
+  prompt's last token, then the completion). With short completions the prompt pass is most of a
+  batch's work, and ``generate``'s own ``num_return_sequences`` would read every prompt L times,
+  padded to the longest (`share_prompt=False` does, as the reference this is tested against); see
+  `bench/bench_cpu_generation.py` for what each step bought. Int8-dynamic rollouts share it too, but
+  their samples were never independent of the batch (activation scales are computed per call).
 - Behaviour logprobs: a logits processor placed ahead of the temperature / top-k / top-p warpers sees
   the raw logits of each step and keeps ``logits / T`` with its log-normaliser; a stopping criterion,
   which ``generate`` calls right after the sampled token is appended, gathers the chosen token's
@@ -55,6 +54,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import (
     Cache,
+    DynamicLayer,
     GenerationConfig,
     LogitsProcessor,
     LogitsProcessorList,
@@ -190,17 +190,72 @@ def left_pad(
     return input_ids.to(device), mask.to(device)
 
 
-def _prompt_cache(model: PreTrainedModel, input_ids: torch.Tensor, mask: torch.Tensor, copies: int) -> Cache:
+def _prompt_cache(
+    model: PreTrainedModel,
+    prompts: Sequence[Sequence[int]],
+    input_ids: torch.Tensor,
+    mask: torch.Tensor,
+    copies: int,
+) -> Cache:
     """The KV cache of the left-padded prompts up to their last token, each prompt's entries repeated
-    for its `copies` rows. Positions as ``generate`` derives them from the mask, so a row's cache is
-    the one ``generate`` would have built for it."""
-    head, head_mask = input_ids[:, :-1], mask[:, :-1]
-    positions = (head_mask.cumsum(-1) - 1).masked_fill(head_mask == 0, 0)
+    for its `copies` rows: the cache ``generate`` would have built for every row, computed once per
+    prompt. Each prompt is read unpadded where the model's cache layers allow it (padding to the
+    longest prompt doubled the work for the generator's 86-354-token prompts); positions are those
+    ``generate`` derives from the mask either way. Only the last position's logits are computed, as
+    the 49k-row output layer over every prompt token cost a fifth of the pass and is thrown away."""
     with torch.no_grad():
-        out = model(input_ids=head, attention_mask=head_mask, position_ids=positions, use_cache=True)
-    cache: Cache = out.cache
+        cache = _unpadded_cache(model, prompts, input_ids.shape[1] - 1)
+        if cache is None:
+            head, head_mask = input_ids[:, :-1], mask[:, :-1]
+            positions = (head_mask.cumsum(-1) - 1).masked_fill(head_mask == 0, 0)
+            out = model(
+                input_ids=head,
+                attention_mask=head_mask,
+                position_ids=positions,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            cache = out.cache
     cache.batch_repeat_interleave(copies)
     return cache
+
+
+def _unpadded_cache(model: PreTrainedModel, prompts: Sequence[Sequence[int]], width: int) -> Cache | None:
+    """Each prompt but its last token through the model alone, the caches stacked right-aligned to
+    `width` (zeros where the mask hides padding); None when a cache layer is not a plain growing one
+    (sliding-window layers keep a window, not the whole prompt), so the caller pads instead."""
+    stacked: Cache | None = None
+    per_prompt: list[list[DynamicLayer] | None] = []
+    for prompt in prompts:
+        if len(prompt) == 1:  # nothing before its last token: all padding
+            per_prompt.append(None)
+            continue
+        head = torch.tensor([list(prompt[:-1])], device=model.device)
+        cache: Cache = model(input_ids=head, use_cache=True, logits_to_keep=1).cache
+        layers = [layer for layer in cache.layers if type(layer) is DynamicLayer]
+        if len(layers) != len(cache.layers):
+            return None
+        per_prompt.append(layers)
+        if stacked is None:
+            stacked = cache
+    if stacked is None:
+        return None
+    template = next(layers for layers in per_prompt if layers is not None)
+    for index, layer in enumerate(template):
+        for name in ("keys", "values"):
+            like: torch.Tensor = getattr(layer, name)
+            blank = like.new_zeros((1, like.shape[1], width, like.shape[3]))
+            rows = [
+                blank if layers is None else _right_aligned(getattr(layers[index], name), width)
+                for layers in per_prompt
+            ]
+            setattr(layer, name, torch.cat(rows))
+    return stacked
+
+
+def _right_aligned(states: torch.Tensor, width: int) -> torch.Tensor:
+    """`states` (batch, heads, length, dim) left-padded with zeros to `width` positions."""
+    return torch.nn.functional.pad(states, (0, 0, width - states.shape[2], 0))
 
 
 def _read_weights(weights: WeightsSource) -> Mapping[str, torch.Tensor]:
@@ -372,8 +427,8 @@ class TransformersBackend:
             # Seeded, generate still draws from torch's global RNG (a forced choice): keep its state.
             rng = torch.random.fork_rng(devices=_cuda_devices(device)) if per_prompt else nullcontext()
             copies = params.num_samples
-            shared = self._share_prompt and copies > 1 and input_ids.shape[1] > 1
-            cache = _prompt_cache(self._sampling_model, input_ids, mask, copies) if shared else None
+            shared = self._share_prompt and input_ids.shape[1] > 1
+            cache = _prompt_cache(self._sampling_model, prompts, input_ids, mask, copies) if shared else None
             with rng:
                 # PreTrainedModel has no generate(); *ForCausalLM classes mix it in (checked below).
                 sequences = cast(Any, self._sampling_model).generate(

@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
-from transformers import PreTrainedTokenizerBase
+from transformers import MistralConfig, MistralForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from sapo.backends import GenerationBackend, Sample, SamplingConfig, TransformersBackend
 from sapo.models import build_tiny_model, load_model
+from sapo.models.tiny import TinySpec, tiny_config
 
 pytestmark = pytest.mark.unit
 
@@ -261,13 +262,15 @@ def test_int8_rollouts_sample_from_a_quantized_copy_that_follows_weight_reloads(
     groups = backend.generate(prompts, params)
     samples = [s for g in groups for s in g]
     assert all(len(s.logprobs) == len(s.token_ids) and all(lp <= 0 for lp in s.logprobs) for s in samples)
-    # The recorded log-probs are the copy's: close to the fp32 policy's, not equal.
-    gaps = [
-        (torch.tensor(s.logprobs) - teacher_forced(backend.model, p, s, 1.0)).abs().max().item()
-        for p, g in zip(prompts, groups, strict=True)
-        for s in g
-    ]
-    assert 0 < max(gaps) < 0.5, gaps
+    # The recorded log-probs are the copy's: close to the fp32 policy's (per token, on average), not equal.
+    gaps = torch.cat(
+        [
+            (torch.tensor(s.logprobs) - teacher_forced(backend.model, p, s, 1.0)).abs()
+            for p, g in zip(prompts, groups, strict=True)
+            for s in g
+        ]
+    )
+    assert 0 < gaps.mean().item() < 0.3, gaps
     # New weights reach the copy: sampling equals a fresh int8 backend built on those weights.
     other = build_tiny_model(tokenizer, seed=1)
     backend.load_weights({k: v.clone() for k, v in other.state_dict().items()}, version=1)
@@ -279,18 +282,32 @@ def test_int8_rollouts_sample_from_a_quantized_copy_that_follows_weight_reloads(
         TransformersBackend(other, tokenizer, quantization="int4")
 
 
+def windowed_model(tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+    """A tiny Mistral whose cache layers keep a 6-token window: its prompts cannot be read alone."""
+    llama = tiny_config(tokenizer, TinySpec()).to_dict()
+    known = MistralConfig().to_dict()
+    fields = {k: v for k, v in llama.items() if k in known and k != "model_type"}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return MistralForCausalLM(MistralConfig(**fields, sliding_window=6))
+
+
+@pytest.mark.parametrize("architecture", ["llama", "sliding-window"])
 def test_prompts_read_once_sample_what_prompts_read_per_row_sample(
-    tokenizer: PreTrainedTokenizerBase, prompts: list[list[int]]
+    tokenizer: PreTrainedTokenizerBase, prompts: list[list[int]], architecture: str
 ) -> None:
     """The shared prompt cache is an optimisation only: the same tokens, the same logprobs (up to the
-    floating-point differences of other batch shapes), for left-padded prompts down to one token.
+    floating-point differences of other batch shapes), for left-padded prompts down to one token, whether
+    each prompt is read alone (Llama) or the batch padded (cache layers that keep a window).
     (Not so for int8-dynamic rollouts, whose activation scales follow every call's batch anyway.)"""
+
+    def build() -> PreTrainedModel:
+        return build_tiny_model(tokenizer, seed=0) if architecture == "llama" else windowed_model(tokenizer)
+
     params = SamplingConfig(max_new_tokens=10, num_samples=3, seed=5)
     batch = [*prompts, prompts[1][-1:]]
     made = {
-        share: TransformersBackend(
-            build_tiny_model(tokenizer, seed=0), tokenizer, share_prompt=share
-        ).generate(batch, params)
+        share: TransformersBackend(build(), tokenizer, share_prompt=share).generate(batch, params)
         for share in (True, False)
     }
     shared, per_row = made[True], made[False]
