@@ -27,6 +27,13 @@ Run it on an otherwise idle machine. Other jobs skew it toward the services: whi
 in-process run's single process is, it does not, and that run shares its CPU. Two runs beside two
 single-threaded evaluations read -0.4% and +0.4% (fetch waits of 50 and 200 ms).
 
+On the idle machine, after generators began reading each prompt once per batch (which made the
+model work of a round, the part both modes share, cheaper): in process 7.72 s per round, services
+12.06 s: +56.2%, FAIL (it read +41% before that change at the same 50 ms fetch wait). The ~4 CPU
+seconds per round the services add are fixed costs (the broker's long-polls, the services' idle
+threads: `results/profile/README.md`), so the cheaper the model work, the larger the ratio; for the
+bundled 135M model they are ~1% of a round.
+
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_pipeline.py [--model warm:0] [--nodes 4] [--rounds 10]
 
 Target: overhead = Kafka / in-process - 1 <= 5%. A quick check of the script itself:

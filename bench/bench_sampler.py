@@ -74,6 +74,12 @@ cores shared with two 135M experiment processes (load average ~3):
 - 10,000 nodes x 2 groups: raw ~37k msgs/s (15.7 us CPU), lazy ~16k msgs/s: 0.466 x paired (0.42
   before), 0.40 x by CPU (39.7 us); one lazy sampler reads 2 x the 8,000 groups/s of 10,000 nodes.
 
+With `Scored` and pool entries as named tuples and one fairness admission per pooled group
+(no-broker arrival ~14.0 -> ~12.7 us, A/B interleaved), on an otherwise idle machine whose raw
+consume was slower than before (~41k msgs/s, 28.2 us CPU per message): lazy ~18k msgs/s, 0.454 x
+paired, 0.48 x by CPU (59.2 us); emitting 4.9 us per message; no broker: facts + check 7.2 us. FAIL.
+Run to run on this machine the paired ratio has read 0.45-0.50: the target sits inside the noise.
+
 What is left is spread thin over the arrival path: of ~17-20 us per message without the broker, the
 facts header and screening ~7 us, pool admission and pooling ~5 us (most arrivals of these swarms
 are refused `pool_full` after screening: refusing on the pool's share before screening would be

@@ -23,7 +23,9 @@ completions of the easy profile's first questions (prompts 94, 86, 354, 86 token
 - tiny:0 (`--model tiny:0 --repeats 5`): the 49k-vocabulary projection of every completion token is
   nearly all of its work and sharing does not reduce it (1.04x less matmul work): unshared/ours 1.10
   (target 1.02) PASS; bare/ours 1.09 of medians but 0.81 of minimums (FAIL) on one 0.72 s bare run
-  beside four of 0.93-1.06 s.
+  beside four of 0.93-1.06 s. On an idle machine (`--repeats 7`): ours 0.929 s, unshared 1.014 s,
+  bare 0.942 s (minimums): bare/ours 1.014 of minimums, 0.952 of medians, PASS; unshared/ours 1.09
+  PASS.
 
 usage: python bench/bench_trainer.py [--model tiny:0] [--groups 4] [--completions 4] [--tokens 64]
     [--min-tokens 8] [--micro-batch-tokens 1024] [--precision fp32] [--repeats 5]
