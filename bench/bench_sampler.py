@@ -75,10 +75,15 @@ cores shared with two 135M experiment processes (load average ~3):
   before), 0.40 x by CPU (39.7 us); one lazy sampler reads 2 x the 8,000 groups/s of 10,000 nodes.
 
 With `Scored` and pool entries as named tuples and one fairness admission per pooled group
-(no-broker arrival ~14.0 -> ~12.7 us, A/B interleaved), on an otherwise idle machine whose raw
-consume was slower than before (~41k msgs/s, 28.2 us CPU per message): lazy ~18k msgs/s, 0.454 x
-paired, 0.48 x by CPU (59.2 us); emitting 4.9 us per message; no broker: facts + check 7.2 us. FAIL.
-Run to run on this machine the paired ratio has read 0.45-0.50: the target sits inside the noise.
+(no-broker arrival ~14.0 -> ~12.7 us, A/B interleaved), on the idle machine:
+
+- 1,000 nodes x 20 groups: raw ~75k msgs/s (15.2 us CPU), lazy ~32k msgs/s (32.0 us CPU, 33.1
+  before): 0.433 x paired, 0.475 x by CPU. FAIL. Lazy's own cost barely moved; the raw consume ran
+  faster than in the run before (68k msgs/s, 17.1 us). A run right after other jobs: raw ~41k
+  (28.2 us), lazy ~18k (59.2 us), 0.454 x paired.
+- 10,000 nodes x 2 groups: raw ~64k msgs/s (18.4 us CPU), lazy ~26k msgs/s (42.1 us): 0.399 x
+  paired, 0.437 x by CPU. FAIL. One lazy sampler reads 3.3 x the 8,000 groups/s of 10,000 nodes
+  sharing 8 groups per 10 s round.
 
 What is left is spread thin over the arrival path: of ~17-20 us per message without the broker, the
 facts header and screening ~7 us, pool admission and pooling ~5 us (most arrivals of these swarms
