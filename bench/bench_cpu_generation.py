@@ -34,6 +34,9 @@ shape; three experiment processes on the cores, load average ~5; medians of 2):
   and computing the output layer for its last position only: 1.15x more (median of 6 interleaved
   calls each, one process, load average ~4: 11.36 s -> 9.85 s per batch); a later run of this script
   under the same load: 2.22x `prompt-per-row`.
+- seeded batches (every generator batch) taking the one-hot token `_RowSampler` chose by maximum
+  instead of `generate`'s own softmax + multinomial over the 49k vocabulary: 1.15x more (median of
+  6 interleaved calls each, idle machine: 8.60 s -> 7.50 s per batch), the same tokens.
 - `bf16`: 1.13x, 0.027 nats per token from the policy (0.8% of tokens with pi/mu outside [0.8,
   1.28]): fidelity PASS, speed FAIL at this shape (a 16 x 250-token forward pass alone was 1.9x
   faster in bf16 on this AVX512-BF16 CPU; the decode steps' per-step overhead does not shrink).

@@ -453,11 +453,14 @@ class TransformersBackend:
         """Every sampling knob explicit: ``generate`` fills unset ones with defaults such as top-k 50.
         Seeded batches are warped and drawn by ``_RowSampler``, so ``generate`` warps nothing.
         ``copies``: rows ``generate`` makes of each input row (1 when the rows were made already)."""
+        # A seeded step's scores are one-hot already: taking the maximum is the draw, without another
+        # softmax and multinomial over the vocabulary (greedy cannot expand rows: copies must be 1).
+        chosen = seeded and copies == 1
         return GenerationConfig(  # type: ignore[no-untyped-call]
-            do_sample=True,
-            temperature=1.0 if seeded else params.temperature,
-            top_p=1.0 if seeded else params.top_p,
-            top_k=0 if seeded else params.top_k,
+            do_sample=not chosen,
+            temperature=None if chosen else 1.0 if seeded else params.temperature,
+            top_p=None if chosen else 1.0 if seeded else params.top_p,
+            top_k=None if chosen else 0 if seeded else params.top_k,
             max_new_tokens=params.max_new_tokens,
             num_return_sequences=copies,
             eos_token_id=self._eos_ids,
