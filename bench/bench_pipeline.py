@@ -34,7 +34,17 @@ seconds per round the services add are fixed costs (the broker's long-polls, the
 threads: `results/profile/README.md`), so the cheaper the model work, the larger the ratio; for the
 bundled 135M model they are ~1% of a round.
 
+Consumers of streams no round waits on (the leases, the sampler's view of its trainer, the launcher's
+recorder: 13 of the 4-node swarm's 33) then began fetching at `watch_fetch_wait_max_ms` (local 500 ms)
+instead of 50 ms: each fetch of a partition holding records costs the embedded broker ~1 ms of CPU
+even when empty. `--one-wait` adds a third mode with every consumer at 50 ms, as before. On the idle
+machine (2 repeats, medians; the generator change 660ccc6 also made the model work cheaper): services
+8.06 s per round, in process 5.06: +59.1%, FAIL; every consumer at 50 ms 9.72 s: 1.207 x the services'
+time, +92.1%. Single runs of the services mode read 7.0-8.6 s per round on the same code (and 8.2-10.7
+s with one wait): compare medians of repeats. The broker's CPU seconds of each run are printed too.
+
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_pipeline.py [--model warm:0] [--nodes 4] [--rounds 10]
+        [--repeats 2] [--one-wait]
 
 Target: overhead = Kafka / in-process - 1 <= 5%. A quick check of the script itself:
 
@@ -49,11 +59,13 @@ import os
 import resource
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from sapo.experiment.plan import load_scenario, manifest_data, select
+from sapo.settings import ConsumerProfile
 from sapo.swarm.history import STEPS_DIR, read_rows
 from sapo.swarm.inprocess import run_inprocess
 from sapo.swarm.manifest import SwarmManifest, parse_manifest
@@ -86,6 +98,42 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
+class BrokerCpu:
+    """CPU seconds of the embedded brokers this process starts (a child named `tansu`), sampled from
+    /proc every half second while a run lasts: the rusage of children mixes them with the services."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> BrokerCpu:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.seen.values())
+
+    def _sample(self) -> None:
+        tick, me = os.sysconf("SC_CLK_TCK"), os.getpid()
+        while not self._stop.wait(0.5):
+            # Every process until the broker shows up, then only it (a scan costs ~200 file reads).
+            known = [Path(f"/proc/{pid}/stat") for pid in self.seen]
+            for stat in known or Path("/proc").glob("[0-9]*/stat"):
+                try:
+                    name, rest = stat.read_text().rsplit(")", 1)
+                except OSError:
+                    continue  # exited meanwhile
+                fields = rest.split()
+                if name.endswith("(tansu") and int(fields[1]) == me:
+                    self.seen[int(stat.parent.name)] = (int(fields[11]) + int(fields[12])) / tick
+
+
 def measure(
     mode: str, run: Callable[[SwarmManifest, Path, io.StringIO], int], manifest: SwarmManifest, run_dir: Path
 ) -> tuple[float, float]:
@@ -93,18 +141,31 @@ def measure(
     run_dir.mkdir(parents=True)
     log = io.StringIO()
     cpu, wall = cpu_seconds(), time.monotonic()
-    code = run(manifest, run_dir, log)
+    with BrokerCpu() as broker:
+        code = run(manifest, run_dir, log)
     cpu, wall = cpu_seconds() - cpu, time.monotonic() - wall
     (run_dir / "run.log").write_text(log.getvalue())
     if code != 0:
         raise SystemExit(f"{mode} run failed with exit status {code}; see {run_dir / 'run.log'}")
     per_round = seconds_per_round(run_dir, manifest)
-    print(f"  {mode:<10} {per_round:8.3f} s/round   {cpu:7.1f} cpu s   {wall:6.1f} s wall in all", flush=True)
+    print(
+        f"  {mode:<10} {per_round:8.3f} s/round   {cpu:7.1f} cpu s (broker {broker.seconds:5.1f})   "
+        f"{wall:6.1f} s wall in all",
+        flush=True,
+    )
     return per_round, cpu
 
 
 def kafka(manifest: SwarmManifest, run_dir: Path, out: io.StringIO) -> int:
     return run_swarm(manifest, run_dir, out=out)  # its progress view polls as `sapo swarm` does
+
+
+def kafka_one_wait(manifest: SwarmManifest, run_dir: Path, out: io.StringIO) -> int:
+    """The services with every consumer at the short fetch wait, watchers too (as before they had
+    their own): what the watchers' longer wait saves."""
+    local = ConsumerProfile.local()
+    one_wait = local.model_copy(update={"watch_fetch_wait_max_ms": local.fetch_wait_max_ms})
+    return run_swarm(manifest, run_dir, out=out, consumer=one_wait)
 
 
 def inprocess(manifest: SwarmManifest, run_dir: Path, out: io.StringIO) -> int:
@@ -124,6 +185,11 @@ def main() -> int:
     parser.add_argument(
         "--cpus", type=int, default=1, help="pin everything to this many CPUs (default 1; 0 = no pinning)"
     )
+    parser.add_argument(
+        "--one-wait",
+        action="store_true",
+        help="also run the services with every consumer at the short fetch wait (watchers too)",
+    )
     args = parser.parse_args()
     if args.rounds < 2 or args.nodes < 1 or args.repeats < 1:
         parser.error(
@@ -135,6 +201,8 @@ def main() -> int:
         os.sched_setaffinity(0, available[: args.cpus])  # children (broker, services) inherit it
     pinned = f"pinned to {args.cpus} CPU(s)" if args.cpus else f"on all {len(available)} CPUs"
     modes = {"kafka": kafka, "inprocess": inprocess}
+    if args.one_wait:
+        modes["one-wait"] = kafka_one_wait
     results: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as tmp:
         root = args.keep or Path(tmp)
@@ -155,6 +223,12 @@ def main() -> int:
     print(f"\nkafka {kafka_s:.3f} s/round, in process {inprocess_s:.3f} s/round (medians)")
     print(f"ratio kafka / in process = {kafka_s / inprocess_s:.3f}: overhead {overhead:+.1%}")
     print(f"{verdict}: overhead {overhead:+.1%} against the target <= {TARGET_OVERHEAD:.0%} ({pinned})")
+    if args.one_wait:
+        one_wait_s = statistics.median(r[0] for r in results["one-wait"])
+        print(
+            f"every consumer at the short wait: {one_wait_s:.3f} s/round, "
+            f"{one_wait_s / kafka_s:.3f} x kafka's (overhead {one_wait_s / inprocess_s - 1:+.1%})"
+        )
     if not args.cpus:
         print("not like for like: the services ran concurrently on every CPU, the in-process nodes on one")
     return 0

@@ -72,14 +72,17 @@ class Runtime:
     dead_letters: DeadLetters
     ops: OpsServer
 
-    def consumer(self, role: str, *, swarm: bool = False, per_process: bool = False) -> KafkaConsumerClient:
+    def consumer(
+        self, role: str, *, swarm: bool = False, per_process: bool = False, watch: bool = False
+    ) -> KafkaConsumerClient:
         """A consumer in group `<prefix>.<node>.<role>`; per_process gives each replica its own group
-        (for streams every replica must see whole, such as the policy topic)."""
+        (for streams every replica must see whole, such as the policy topic); watch for a stream no
+        round waits on (its fetches wait `watch_fetch_wait_max_ms`)."""
         conn = self.settings.swarm_connection if swarm else self.settings.kafka
         group = consumer_group(self.settings.topic_prefix, self.settings.node_id, role)
         if per_process:
             group += f".{uuid.uuid4().hex[:12]}"
-        config = conn.to_librdkafka() | self.settings.consumer.to_librdkafka()
+        config = conn.to_librdkafka() | self.settings.consumer.to_librdkafka(watch=watch)
         return KafkaConsumerClient(config, group, lag=self.transport.consumer_lag)
 
     def close(self) -> None:

@@ -106,6 +106,15 @@ class ConsumerProfile(BaseModel):
     session_timeout_ms: int = Field(45000, ge=1000, le=3_600_000, description="Group session timeout.")
     heartbeat_interval_ms: int = Field(3000, ge=100, le=600_000, description="Group heartbeat interval.")
     fetch_wait_max_ms: int = Field(500, ge=1, le=60_000, description="Longest a fetch waits for data.")
+    watch_fetch_wait_max_ms: int = Field(
+        500,
+        ge=1,
+        le=60_000,
+        description="Longest a fetch of a watching consumer waits: the leases, the sampler's view of its "
+        "trainer and the launcher's recorder, streams no round waits on. On a broker that never answers a "
+        "waiting fetch early (the embedded one) a longer wait costs these readers latency only, and every "
+        "empty fetch costs the broker CPU.",
+    )
     max_poll_interval_ms: int = Field(
         900_000, ge=10_000, le=86_400_000, description="Longest gap between polls (covers a training step)."
     )
@@ -121,20 +130,31 @@ class ConsumerProfile(BaseModel):
     def local(cls) -> ConsumerProfile:
         """The embedded tansu broker: each group join takes session.timeout/2 and fetches are never
         woken early (docs/architecture.md), so short timeouts keep tests and local swarms responsive."""
-        return cls(session_timeout_ms=6000, heartbeat_interval_ms=1000, fetch_wait_max_ms=50)
+        return cls(
+            session_timeout_ms=6000,
+            heartbeat_interval_ms=1000,
+            fetch_wait_max_ms=50,
+            watch_fetch_wait_max_ms=500,
+        )
 
     @classmethod
     def local_durable(cls) -> ConsumerProfile:
         """The embedded broker on `s3://` storage: every fetch lists all stored batches of the partition,
         and a fetch that waits less than that listing takes returns nothing, every time; 2 s covers a
         partition of about a thousand batches on a loopback S3."""
-        return cls(session_timeout_ms=6000, heartbeat_interval_ms=1000, fetch_wait_max_ms=2000)
+        return cls(
+            session_timeout_ms=6000,
+            heartbeat_interval_ms=1000,
+            fetch_wait_max_ms=2000,
+            watch_fetch_wait_max_ms=2000,
+        )
 
-    def to_librdkafka(self) -> dict[str, str]:
+    def to_librdkafka(self, *, watch: bool = False) -> dict[str, str]:
+        """The client settings; `watch` for a consumer of a stream no round waits on."""
         return {
             "session.timeout.ms": str(self.session_timeout_ms),
             "heartbeat.interval.ms": str(self.heartbeat_interval_ms),
-            "fetch.wait.max.ms": str(self.fetch_wait_max_ms),
+            "fetch.wait.max.ms": str(self.watch_fetch_wait_max_ms if watch else self.fetch_wait_max_ms),
             "max.poll.interval.ms": str(self.max_poll_interval_ms),
             "statistics.interval.ms": str(self.statistics_interval_ms),
         }

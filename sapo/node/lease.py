@@ -330,7 +330,7 @@ class Lease:
 def node_lease(runtime: Runtime, settings: LeaseSettings, role: str) -> Lease:
     """The lease of this process's role on its node, wired to the process runtime."""
     return Lease(
-        runtime.consumer(f"{role}-lease", per_process=True),
+        runtime.consumer(f"{role}-lease", per_process=True, watch=True),
         runtime.publisher,
         topic=runtime.topics.leases,
         node_id=runtime.settings.node_id,

@@ -220,7 +220,7 @@ class SamplerService:
             dead_letters=runtime.dead_letters,
             identity=identity,
             lease=lease,
-            trainer_client=runtime.consumer("sampler-policy", per_process=True),
+            trainer_client=runtime.consumer("sampler-policy", per_process=True, watch=True),
             warm_client=warm_client,
         )
 

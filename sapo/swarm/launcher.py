@@ -114,7 +114,7 @@ class Swarm:
         specs = [spec for topics in names for spec in topics.specs()]
         ensure_topics({"bootstrap.servers": self.bootstrap}, specs, timeout_s=30)
         self.recorder = SwarmRecorder(
-            self._consumer_config(),
+            self._recorder_config(),
             [t.policy for t in names],
             [t.rollouts for t in names],
             self.run_dir,
@@ -133,9 +133,10 @@ class Swarm:
         """The explicit profile, else the embedded broker's, else None (each service's defaults)."""
         return self.consumer or (ConsumerProfile.local() if self.broker is not None else None)
 
-    def _consumer_config(self) -> dict[str, str]:
+    def _recorder_config(self) -> dict[str, str]:
+        """The recorder only watches (no round waits on it): its fetches wait the watchers' time."""
         profile = self._consumer_profile() or ConsumerProfile()
-        return {"bootstrap.servers": self.bootstrap} | profile.to_librdkafka()
+        return {"bootstrap.servers": self.bootstrap} | profile.to_librdkafka(watch=True)
 
     def _common_env(self, node: NodeSpec, service: Service, name: str, port_file: Path) -> dict[str, str]:
         values: dict[str, Any] = {

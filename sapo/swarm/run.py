@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TextIO
 
 from sapo.lifecycle import StopFlag, install_signal_handlers
+from sapo.settings import ConsumerProfile
 from sapo.swarm.launcher import Swarm
 from sapo.swarm.manifest import SwarmManifest
 from sapo.swarm.progress import NodeStatus, Samples, render, scrape
@@ -40,12 +41,17 @@ def _log_tail(path: Path, lines: int = 15) -> str:
 
 
 def run_swarm(
-    manifest: SwarmManifest, run_dir: Path, refresh_s: float = 2.0, out: TextIO = sys.stdout
+    manifest: SwarmManifest,
+    run_dir: Path,
+    refresh_s: float = 2.0,
+    out: TextIO = sys.stdout,
+    consumer: ConsumerProfile | None = None,
 ) -> int:
-    """Run until every node has trained its rounds, a service fails, or Ctrl-C; returns an exit code."""
+    """Run until every node has trained its rounds, a service fails, or Ctrl-C; returns an exit code.
+    `consumer`: the consumer timing of every process (None: `Swarm`'s choice)."""
     stop = StopFlag()
     install_signal_handlers(stop)
-    swarm = Swarm(manifest, run_dir)
+    swarm = Swarm(manifest, run_dir, consumer=consumer)
     rounds = max(n.rounds for n in manifest.nodes)
     code = 0
     started = time.monotonic()

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 from pydantic_settings import SettingsConfigDict
 
-from sapo.settings import ConfigError, KafkaConnection, ServiceSettings, describe, load_settings
+from sapo.settings import (
+    ConfigError,
+    ConsumerProfile,
+    KafkaConnection,
+    ServiceSettings,
+    describe,
+    load_settings,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -75,4 +82,19 @@ def test_misspelled_variable_fails_at_start(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("SAPO_DEMO_KAFKA__BOOTSTRAP_SERVERS", "h:1")
     monkeypatch.setenv("SAPO_DEMO_HTTP_PROT", "9000")
     with pytest.raises(ConfigError, match="SAPO_DEMO_HTTP_PROT"):
+        load_settings(DemoSettings)
+
+
+def test_watching_consumers_fetch_at_their_own_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Streams no round waits on (leases, the trainer's announcements) poll the broker less often."""
+    local = ConsumerProfile.local()
+    assert local.to_librdkafka()["fetch.wait.max.ms"] == "50"
+    assert local.to_librdkafka(watch=True)["fetch.wait.max.ms"] == "500"
+    monkeypatch.setenv("SAPO_DEMO_NODE_ID", "node-7")
+    monkeypatch.setenv("SAPO_DEMO_CONSUMER__WATCH_FETCH_WAIT_MAX_MS", "1500")
+    s = load_settings(DemoSettings)
+    assert s.consumer.to_librdkafka(watch=True)["fetch.wait.max.ms"] == "1500"
+    assert s.consumer.to_librdkafka()["fetch.wait.max.ms"] == "500"  # the others keep theirs
+    monkeypatch.setenv("SAPO_DEMO_CONSUMER__WATCH_FETCH_WAIT_MAX_MS", "0")
+    with pytest.raises(ConfigError, match=r"WATCH_FETCH_WAIT_MAX_MS|watch_fetch_wait_max_ms"):
         load_settings(DemoSettings)
