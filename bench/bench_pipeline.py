@@ -35,13 +35,16 @@ threads: `results/profile/README.md`), so the cheaper the model work, the larger
 bundled 135M model they are ~1% of a round.
 
 Consumers of streams no round waits on (the leases, the sampler's view of its trainer, the launcher's
-recorder: 13 of the 4-node swarm's 33) then began fetching at `watch_fetch_wait_max_ms` (local 500 ms)
-instead of 50 ms: each fetch of a partition holding records costs the embedded broker ~1 ms of CPU
-even when empty. `--one-wait` adds a third mode with every consumer at 50 ms, as before. On the idle
-machine (2 repeats, medians; the generator change 660ccc6 also made the model work cheaper): services
-8.06 s per round, in process 5.06: +59.1%, FAIL; every consumer at 50 ms 9.72 s: 1.207 x the services'
-time, +92.1%. Single runs of the services mode read 7.0-8.6 s per round on the same code (and 8.2-10.7
-s with one wait): compare medians of repeats. The broker's CPU seconds of each run are printed too.
+recorder: 13 of the 4-node swarm's 33) then began fetching at `watch_fetch_wait_max_ms` (local 500 ms),
+and the launcher's swarm the other 20 at 200 ms (`ConsumerProfile.local_swarm`) instead of 50: each
+fetch of a partition holding records costs the embedded broker ~1 ms of CPU even when it returns
+nothing. `--one-wait` adds a third mode with every consumer at 50 ms, as before. On the idle machine,
+2 repeats (per repeat: services / in process / every consumer at 50 ms, s per round):
+7.70 / 4.88 / 7.89 and 7.89 / 7.25 / 10.23; medians 7.80 / 6.06 / 9.06: +28.6% (FAIL), one-wait
+1.162 x the services' time (+49.4%). The broker's CPU per run is the steadier figure: 10.4 and 11.1 s
+against 17.7 and 24.6 s with one wait. The machine's own noise is large here (the second in-process
+run took 1.5 x the first): compare medians of repeats, and broker CPU. Before (watchers only, 50 ms on
+the path): services 8.06, in process 5.06 (+59.1%), one wait 9.72.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_pipeline.py [--model warm:0] [--nodes 4] [--rounds 10]
         [--repeats 2] [--one-wait]
@@ -161,8 +164,8 @@ def kafka(manifest: SwarmManifest, run_dir: Path, out: io.StringIO) -> int:
 
 
 def kafka_one_wait(manifest: SwarmManifest, run_dir: Path, out: io.StringIO) -> int:
-    """The services with every consumer at the short fetch wait, watchers too (as before they had
-    their own): what the watchers' longer wait saves."""
+    """The services with every consumer at the tests' 50 ms fetch wait, watchers too (the launcher's
+    profile before `ConsumerProfile.local_swarm` and the watchers' own wait): what those two save."""
     local = ConsumerProfile.local()
     one_wait = local.model_copy(update={"watch_fetch_wait_max_ms": local.fetch_wait_max_ms})
     return run_swarm(manifest, run_dir, out=out, consumer=one_wait)

@@ -131,7 +131,7 @@ class Swarm:
 
     def _consumer_profile(self) -> ConsumerProfile | None:
         """The explicit profile, else the embedded broker's, else None (each service's defaults)."""
-        return self.consumer or (ConsumerProfile.local() if self.broker is not None else None)
+        return self.consumer or (ConsumerProfile.local_swarm() if self.broker is not None else None)
 
     def _recorder_config(self) -> dict[str, str]:
         """The recorder only watches (no round waits on it): its fetches wait the watchers' time."""

@@ -188,7 +188,7 @@ def resolve(manifest: SwarmManifest, node: NodeSpec, checkpoint_root: Path) -> N
     they would on the services (the launcher hands its environment on)."""
     common: dict[str, Any] = {"node_id": node.id, "topic_prefix": manifest.topic_prefix}
     if manifest.bootstrap is None:  # the launcher's embedded-broker profile (trainer settings check it)
-        common["consumer"] = ConsumerProfile.local().model_dump()
+        common["consumer"] = ConsumerProfile.local_swarm().model_dump()
     peers, profiles = sharing_peers(manifest, node), swarm_profiles(manifest)
 
     def values(service: Service) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sapo.settings import ConfigError
+from sapo.settings import ConfigError, ConsumerProfile
 from sapo.swarm.launcher import flatten_env
 from sapo.swarm.manifest import load_manifest, parse_manifest, resolve, service_values, swarm_profiles
 from sapo.tasks import config_digests, load_profile
@@ -63,6 +63,18 @@ def test_unset_short_keys_take_the_services_defaults(tmp_path: Path) -> None:
     assert (b.generator.node_seed, b.sampler.seed, b.trainer.seed) == (5, 5, 5)
     assert a.sampler.expected_peers == 1
     assert a.trainer.rounds == 2
+
+
+def test_a_swarm_on_the_embedded_broker_trades_fetch_latency_for_broker_cpu(tmp_path: Path) -> None:
+    """Its services poll at the local swarm's waits, not the tests' shorter ones; watchers wait longest."""
+    manifest = parse_manifest({"nodes": [{"id": "a", "rounds": 2}]})
+    settings = resolve(manifest, manifest.nodes[0], tmp_path)
+    for service in (settings.generator, settings.sampler, settings.trainer):
+        assert service.consumer == ConsumerProfile.local_swarm()
+        assert service.consumer.fetch_wait_max_ms > ConsumerProfile.local().fetch_wait_max_ms
+        assert service.consumer.watch_fetch_wait_max_ms > service.consumer.fetch_wait_max_ms
+    given = parse_manifest({"bootstrap": "kafka:9092", "nodes": [{"id": "a", "rounds": 2}]})
+    assert resolve(given, given.nodes[0], tmp_path).sampler.consumer == ConsumerProfile()  # Kafka defaults
 
 
 def test_env_mapping_flattens_nested_settings(tmp_path: Path) -> None:
