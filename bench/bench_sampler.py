@@ -85,11 +85,25 @@ With `Scored` and pool entries as named tuples and one fairness admission per po
   paired, 0.437 x by CPU. FAIL. One lazy sampler reads 3.3 x the 8,000 groups/s of 10,000 nodes
   sharing 8 groups per 10 s round.
 
-What is left is spread thin over the arrival path: of ~17-20 us per message without the broker, the
-facts header and screening ~7 us, pool admission and pooling ~5 us (most arrivals of these swarms
-are refused `pool_full` after screening: refusing on the pool's share before screening would be
-cheaper but would count no-signal and duplicate groups as `pool_full`), the sender and the handler
-~3 us, the batches ~3 us.
+What was left then was spread thin over the arrival path: of ~17-20 us per message without the
+broker, the facts header and screening ~7 us, pool admission and pooling ~5 us (most arrivals of
+these swarms are refused `pool_full` after screening: refusing on the pool's share before screening
+would be cheaper but would count no-signal and duplicate groups as `pool_full`), the sender and the
+handler ~3 us, the batches ~3 us.
+
+Since then a group screened on its facts asks the pool for a place before anything is built for it
+(`Assembler.place`; the stand-in group, the `Scored` and the pool entry only for the ~30-40% the pool
+takes), the screening filters build nothing, the facts header is parsed as bytes, an unverified
+sender is one object per claimed node id, and the task header is read only when a task can be
+refused. Without the broker, interleaved runs of the lazy handler (1,000 nodes x 20): 12.9-13.4 us
+per message before, 10.7-11.1 after (minimum of 5 passes, 3 pairs); 10,000 x 2: 14.6-15.4 before,
+13.6-15.0 after (the pool churns more: 38% pooled, 17% evicted). Bench runs, the idle machine:
+
+- 1,000 nodes x 20 groups: raw ~57k msgs/s (20.6 us CPU), lazy ~29k msgs/s (38.2 us CPU; ~24k,
+  44.9 us before): 0.510 x by medians, 0.462 x paired (0.410 in a run before), 0.538 x by CPU. FAIL.
+- 10,000 nodes x 2 groups, a slower hour (raw ~38k msgs/s, 29.3 us CPU): lazy ~19k msgs/s, 0.516 x by
+  medians, 0.432 x paired, 0.534 x by CPU. FAIL. Per-round ratios move between 0.40 and 0.72 with
+  the raw pass, which the broker's fetches bound; lazy's own rate moves less.
 
     .venv/bin/python bench/bench_sampler.py [--nodes 1000] [--groups-per-node 20] [--rounds 5]
 """
@@ -136,6 +150,8 @@ from sapo.sampler import (
     parse,
     sender_of,
 )
+from sapo.sampler.fairness import Admission
+from sapo.sampler.screen import unread_scored
 from sapo.sampler.settings import SamplerSettings
 from sapo.settings import ConsumerProfile
 from sapo.tasks import EASY_PROFILE, TaskStream, score
@@ -280,23 +296,35 @@ class Sampler:
         sender = sender_of(record.headers, record.value, "external", node_id=RECEIVER, store=None, now_s=now)
         assert isinstance(sender, Sender) and record.value is not None
         facts = arrival_facts(record.headers, "external", self.screen.cfg) if self.facts else None
-        verdict: Scored | str
-        if facts is not None:  # as SamplerService._admit: no decoding on arrival
-            verdict = self.screen.check_facts(Unread(record.value, record.headers, facts), now, sender)
+        if facts is not None:  # as SamplerCore.admit_unread: no decoding on arrival
+            self._count(self._admit_unread(Unread(record.value, record.headers, facts), record, now, sender))
         else:
             group = parse(record.value, 1 << 20, record.headers)
             verdict = self.screen.check(group, "external", now, self.batches, sender)
-        if isinstance(verdict, str):
-            self._count(verdict)
-        elif (refusal := self.assembler.add(verdict, record, now)) is None:
-            self.screen.seen.add(verdict.group_id)
-            self._count("pooled")
-        else:
-            self._count(refusal)
+            if isinstance(verdict, str):
+                self._count(verdict)
+            else:
+                self._count(self._add(verdict, record, now))
         self.read += 1
         if self.read % self.batch_every == 0:
             self._emit(now)
         return Disposition.DONE
+
+    def _admit_unread(self, unread: Unread, record: Record, now: float, sender: Sender) -> str:
+        reason = self.screen.facts_reason(unread, now, sender.node_id)
+        if reason is not None:
+            return reason
+        place = self.assembler.place("external", sender.node_id, unread.facts.round)
+        if isinstance(place, str):
+            return place
+        return self._add(unread_scored(unread, sender.node_id), record, now, place)
+
+    def _add(self, scored: Scored, record: Record, now: float, place: Admission | None = None) -> str:
+        refusal = self.assembler.add(scored, record, now, place)
+        if refusal is not None:
+            return refusal
+        self.screen.seen.add(scored.group_id)
+        return "pooled"
 
     def _verify(self, scored: Scored) -> Scored | str:
         start = time.perf_counter()

@@ -142,15 +142,25 @@ def read_facts(headers: Headers) -> GroupFacts | None:
     raw = headers.get(H_FACTS)
     if raw is None or not raw.startswith(_FACTS_PREFIX):
         return None
-    fields = raw.decode("ascii", "replace").split(";")
     try:
-        _, group_id, round_, seconds, nanos, digest, split, scored, signal = fields
-        facts = GroupFacts(
-            group_id, int(round_), int(seconds), int(nanos), digest, int(split), int(scored), signal == "1"
+        _, group_id, round_, seconds, nanos, digest, split, scored, signal = raw.split(b";")
+        # tuple.__new__ skips the named tuple's Python-level __new__ (0.7 -> 0.15 us): one per record.
+        facts = tuple.__new__(
+            GroupFacts,
+            (
+                group_id.decode("ascii"),
+                int(round_),
+                int(seconds),
+                int(nanos),
+                digest.decode("ascii"),
+                int(split),
+                int(scored),
+                signal == b"1",
+            ),
         )
-    except ValueError:  # a wrong field count or a non-integer
+    except ValueError:  # a wrong field count, a non-integer or a non-ASCII text (UnicodeDecodeError)
         facts = None
-    if facts is None or signal not in ("0", "1") or not _in_range(facts):
+    if facts is None or signal not in (b"0", b"1") or not _in_range(facts):
         raise InvalidMessageError("facts_mismatch", f"malformed {H_FACTS} header {raw[:200]!r}")
     return facts
 

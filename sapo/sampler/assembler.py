@@ -46,7 +46,6 @@ from sapo.sampler.fairness import Admission
 from sapo.sampler.pool import Entry, Pool
 from sapo.sampler.screen import Origin, Scored
 from sapo.sampler.selection import Mix, SelectionPolicy, pick_external, plan, usable_external
-from sapo.v1 import rollout_pb2
 from sapo.wire import InvalidMessageError
 
 log = logging.getLogger(__name__)
@@ -118,21 +117,31 @@ class Assembler(ABC, Generic[H]):
         self._discards: list[Discard[H]] = []
         self._rejections = 0
 
-    def arrived(self, group: rollout_pb2.RolloutGroup, origin: Origin, now_s: float) -> None:
+    def arrived(self, node: str, group_id: str, round_: int, origin: Origin, now_s: float) -> None:
         """A genuine group of a node arrived (before the signal filter); lock-step counts these."""
 
     def screened(self, origin: Origin) -> None:
         """A fresh group (not a duplicate, not stale) was screened: pooled next, or without signal.
         Re-deliveries after a restart are duplicates, so they never count as new work."""
 
-    def add(self, scored: Scored, handle: H, now_s: float) -> str | None:
-        """Pool a screened group; returns a refusal reason instead when the mode cannot use it."""
+    def place(self, origin: Origin, peer: str, round_: int) -> Admission | str:
+        """How a screened group of `peer` and `round_` would be pooled now, or the reason the mode
+        refuses it. Asked before the group's pooled form is built (`SamplerCore.admit_unread`): most
+        of a large swarm's arrivals are refused a place."""
+        verdict = self.pool.admission(origin, peer)
+        return "pool_full" if verdict is Admission.REFUSE else verdict
+
+    def add(
+        self, scored: Scored, handle: H, now_s: float, place: Admission | str | None = None
+    ) -> str | None:
+        """Pool a screened group; returns a refusal reason instead when the mode cannot use it.
+        `place` is the admission `place` answered for it, when nothing changed the pool since."""
         if not scored.verified and self._verify is None:
             raise ValueError(f"unverified group {scored.group_id}: this assembler was given no verify")
-        verdict = self.pool.admission(scored.origin, scored.peer)
-        if verdict is Admission.REFUSE:
-            return "pool_full"
-        evicted = self.pool.add(Entry(scored, handle, now_s), verdict)
+        where = place or self.place(scored.origin, scored.peer, scored.round)
+        if isinstance(where, str):
+            return where
+        evicted = self.pool.add(Entry(scored, handle, now_s), where)
         if evicted is not None:
             self._discards.append(Discard(evicted, "evicted"))
         return None
@@ -287,27 +296,27 @@ class LockstepAssembler(Assembler[H]):
         late = self.pool.take_where(lambda e: e.scored.round < round_)
         self._discards.extend(Discard(e, "late_round") for e in late)
 
-    def arrived(self, group: rollout_pb2.RolloutGroup, origin: Origin, now_s: float) -> None:
-        if not self._in_window(group.round):
+    def arrived(self, node: str, group_id: str, round_: int, origin: Origin, now_s: float) -> None:
+        if not self._in_window(round_):
             return
-        state = self._rounds.setdefault(group.round, _Round())
+        state = self._rounds.setdefault(round_, _Round())
         if origin == "external":
             if len(state.peers) < self.cfg.expected_peers:  # bounded: more peers change nothing
-                state.peers.add(group.node_id)
+                state.peers.add(node)
             return
         if state.first_local_s is None:
             state.first_local_s = now_s
         if len(state.local_ids) < self.cfg.questions_per_round:
-            state.local_ids.add(group.group_id)
+            state.local_ids.add(group_id)
         if len(state.local_ids) >= self.cfg.questions_per_round and state.local_done_s is None:
             state.local_done_s = now_s
 
-    def add(self, scored: Scored, handle: H, now_s: float) -> str | None:
-        if scored.round < self.next_round:
+    def place(self, origin: Origin, peer: str, round_: int) -> Admission | str:
+        if round_ < self.next_round:
             return "late_round"
-        if not self._in_window(scored.round):
+        if not self._in_window(round_):
             return "future_round"
-        return super().add(scored, handle, now_s)
+        return super().place(origin, peer, round_)
 
     def next_batch(self, now_s: float, sequence: int) -> Assembly[H] | None:
         started = [r for r, s in self._rounds.items() if s.first_local_s is not None]

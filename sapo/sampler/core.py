@@ -36,7 +36,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from sapo.identity import Sender
 from sapo.sampler.assembler import Assembler, Assembly, AssemblyConfig, Discard, make_assembler
 from sapo.sampler.batch import History, Position, build_batch
-from sapo.sampler.screen import Origin, Scored, Screen, ScreenConfig, Unread
+from sapo.sampler.fairness import Admission
+from sapo.sampler.screen import Origin, Scored, Screen, ScreenConfig, Unread, unread_scored
 from sapo.sampler.seen import SeenGroups
 from sapo.sampler.warm import WarmConfig, WarmStart, needs_warm_start
 from sapo.v1 import batch_pb2, policy_pb2, rollout_pb2
@@ -81,19 +82,34 @@ class SamplerCore(Generic[H]):
     def admit_unread(self, unread: Unread, handle: H, now_s: float, sender: Sender) -> str | None:
         """`admit` of a swarm group on its facts header, without decoding it (`Screen.check_facts`;
         `sapo.sampler.screen.arrival_facts` says when). `sender` must name a node."""
-        if not sender.node_id:
+        node = sender.node_id
+        if not node:
             raise ValueError("a group screened on its headers needs the node its sender names")
-        return self._pool(self.screen.check_facts(unread, now_s, sender), "external", handle, now_s)
+        reason = self.screen.facts_reason(unread, now_s, node)
+        if reason is not None:
+            return self._refused(reason, "external")
+        self.assembler.screened("external")
+        place = self.assembler.place("external", node, unread.facts.round)
+        if isinstance(place, str):  # refused before its pooled form is built: `Assembler.place`
+            return place
+        return self._add(unread_scored(unread, node), handle, now_s, place)
 
     def _pool(self, verdict: Scored | str, origin: Origin, handle: H, now_s: float) -> str | None:
         """Pool a screened group; the reason it was not pooled, or None."""
-        if isinstance(verdict, Scored) or verdict in FRESH_REASONS:
-            self.assembler.screened(origin)
         if isinstance(verdict, str):
-            return verdict
-        refusal = self.assembler.add(verdict, handle, now_s)
+            return self._refused(verdict, origin)
+        self.assembler.screened(origin)
+        return self._add(verdict, handle, now_s)
+
+    def _refused(self, reason: str, origin: Origin) -> str:
+        if reason in FRESH_REASONS:
+            self.assembler.screened(origin)
+        return reason
+
+    def _add(self, scored: Scored, handle: H, now_s: float, place: Admission | None = None) -> str | None:
+        refusal = self.assembler.add(scored, handle, now_s, place)
         if refusal is None:
-            self.screen.seen.add(verdict.group_id)
+            self.screen.seen.add(scored.group_id)
         return refusal
 
     def next_batch(self, now_s: float) -> Assembly[H] | None:
@@ -154,5 +170,5 @@ class SamplerCore(Generic[H]):
         for entry in self.assembler.forget(group_ids):
             self.screen.seen.discard(entry.group_id)
 
-    def _arrived(self, group: rollout_pb2.RolloutGroup, origin: Origin, now_s: float) -> None:
-        self.assembler.arrived(group, origin, now_s)
+    def _arrived(self, node: str, group_id: str, round_: int, origin: Origin, now_s: float) -> None:
+        self.assembler.arrived(node, group_id, round_, origin, now_s)

@@ -104,22 +104,28 @@ class Pool(Generic[H]):
         """Pool the entry, in place of the group fairness evicts for it (returned); the caller checks
         `admission` first (and may pass what it answered: nothing changed the pool since): a refused
         entry raises ValueError."""
-        origin, peer = entry.scored.origin, entry.scored.peer
+        scored = entry.scored
+        origin, peer, group_id = scored.origin, scored.peer, scored.group_id
         verdict = verdict or self.admission(origin, peer)
         evicted = None
         if verdict is Admission.REFUSE:
-            raise ValueError(f"group {entry.group_id} of {peer} has no place in the full {origin} pool")
+            raise ValueError(f"group {group_id} of {peer} has no place in the full {origin} pool")
+        by_peer = self._by_peer[origin]
         if verdict is not Admission.ROOM:
             victim = peer if verdict is Admission.REPLACE_OWN else self._shares[origin].a_largest()
-            evicted = next(iter(self._by_peer[origin][victim].values()))
+            evicted = next(iter(by_peer[victim].values()))
             self.remove([evicted])
-        self._entries[origin][entry.group_id] = entry
-        self._by_peer[origin].setdefault(peer, OrderedDict())[entry.group_id] = entry
+        pooled = self._entries[origin]
+        pooled[group_id] = entry
+        own = by_peer.get(peer)
+        if own is None:
+            own = by_peer[peer] = OrderedDict()
+        own[group_id] = entry
         self._shares[origin].add(peer)
         ages = self._ages[origin]
-        heapq.heappush(ages, (age_key(entry.scored), next(self._tiebreak), entry.group_id))
-        if len(ages) > 2 * len(self._entries[origin]) + 64:  # mostly entries that left otherwise
-            ages[:] = [item for item in ages if item[2] in self._entries[origin]]
+        heapq.heappush(ages, (age_key(scored), next(self._tiebreak), group_id))
+        if len(ages) > 2 * len(pooled) + 64:  # mostly entries that left otherwise
+            ages[:] = [item for item in ages if item[2] in pooled]
             heapq.heapify(ages)
         return evicted
 

@@ -224,7 +224,8 @@ class Unread(NamedTuple):
     facts: GroupFacts
 
 
-ArrivalHook = Callable[[rollout_pb2.RolloutGroup, Origin, float], None]
+ArrivalHook = Callable[[str, str, int, Origin, float], None]
+"""Called with (node id, group id, round, origin, now_s) of a group genuinely of its node (`Screen.check`)."""
 
 
 def header_reason(headers: Mapping[str, bytes], origin: Origin, cfg: ScreenConfig) -> str | None:
@@ -276,6 +277,14 @@ def completed_seconds(group: rollout_pb2.RolloutGroup) -> float:
     return ts.seconds + ts.nanos / 1e9
 
 
+def unread_scored(unread: Unread, node: str) -> Scored:
+    """The unverified pooled form of a group `Screen.facts_reason` passed: a stand-in group with the
+    id, node and round its headers state, and the undecoded body for `Screen.verify`."""
+    facts = unread.facts
+    group = rollout_pb2.RolloutGroup(group_id=facts.group_id, node_id=node, round=facts.round)
+    return Scored(group, "external", (), (), facts.completed_s, False, unread)
+
+
 class Screen:
     """Steps 3+ of the pipeline for one node; holds the dedupe set and the verifier caches."""
 
@@ -323,7 +332,7 @@ class Screen:
         if reason is not None and origin == "external":  # as the header prefilter: never an arrival
             return reason
         if self._on_arrival is not None:  # an own group of a refused task still completes the round
-            self._on_arrival(group, origin, now_s)
+            self._on_arrival(group.node_id, group.group_id, group.round, origin, now_s)
         if reason is not None:
             return reason
         reason = self._freshness_reason(group, origin, now_s, target_version)
@@ -347,25 +356,29 @@ class Screen:
 
     def check_facts(self, unread: Unread, now_s: float, sender: Sender) -> Scored | str:
         """`check` of a lazily screened swarm group, on its facts header instead of its body
-        (`arrival_facts`): the same filters in the same order, and an unverified `Scored` that holds
-        the undecoded body. `sender` must name the node (identity verified the signature over the
-        node header, or with identity off the header is all there is). Whether the body says what
-        the facts say is checked when `verify` decodes it: a lie costs the liar's own pool share
-        until then, and is dead-lettered then ("facts_mismatch")."""
-        if len(unread.value) > self.cfg.max_payload_bytes:  # as `decode` would: the pool holds the bytes
-            raise InvalidMessageError(
-                "oversized", f"{len(unread.value)} bytes > {self.cfg.max_payload_bytes}"
-            )
-        node, facts = sender.node_id, unread.facts
-        task = header_str(unread.headers, H_TASK)
+        (`arrival_facts`): the same filters in the same order (`facts_reason`), and an unverified
+        `Scored` that holds the undecoded body (`unread_scored`). `sender` must name the node
+        (identity verified the signature over the node header, or with identity off the header is
+        all there is). Whether the body says what the facts say is checked when `verify` decodes it: a
+        lie costs the liar's own pool share until then, and is dead-lettered then ("facts_mismatch")."""
+        reason = self.facts_reason(unread, now_s, sender.node_id)
+        return reason if reason is not None else unread_scored(unread, sender.node_id)
+
+    def facts_reason(self, unread: Unread, now_s: float, node: str) -> str | None:
+        """The reason `check_facts` refuses a group sent by `node`, or None when it passes. Builds
+        nothing: most of a large swarm's arrivals are refused here or by the pool, and the caller
+        builds the pooled form (`unread_scored`) only for a group the pool takes."""
+        value, headers, facts = unread
+        if len(value) > self.cfg.max_payload_bytes:  # as `decode` would: the pool holds the bytes
+            raise InvalidMessageError("oversized", f"{len(value)} bytes > {self.cfg.max_payload_bytes}")
+        accepted = self.cfg.accepted_tasks  # the task header is only read when a task can be refused
+        task = header_str(headers, H_TASK) if accepted is not None else ""
         reason = self._identity_reason_of(node, task, facts.config_digest, "external")
         if reason is not None:
             return reason
-        group = rollout_pb2.RolloutGroup(group_id=facts.group_id, node_id=node, round=facts.round)
         if self._on_arrival is not None:
-            self._on_arrival(group, "external", now_s)
-        completed_s = facts.completed_s
-        if self._too_old(completed_s, now_s):
+            self._on_arrival(node, facts.group_id, facts.round, "external", now_s)
+        if self._too_old(facts.completed_s, now_s):
             return "too_old"
         if facts.group_id in self.seen:
             return "duplicate"
@@ -374,9 +387,7 @@ class Screen:
             return reason
         if facts.scored < MIN_COMPLETIONS:
             return "too_few_completions"
-        if not facts.signal:
-            return "no_signal_claimed"
-        return Scored(group, "external", (), (), completed_s, verified=False, unread=unread)
+        return None if facts.signal else "no_signal_claimed"
 
     def verify(self, scored: Scored) -> Scored | str:
         """The verified form of a group `check` or `check_facts` passed unverified, or the reason it

@@ -15,18 +15,29 @@ does not admit, a rotated-out key, a full pin table) are returned as reasons and
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Final, Protocol
 
 from sapo.identity.trust import Rejection, Sender
 from sapo.sampler.screen import Origin
 from sapo.wire import H_NODE, InvalidMessageError, header_str
+
+CLAIMED_SENDERS: Final = 65_536
+"""Claimed senders remembered (identity off): a swarm's nodes, not a flood of made-up ids."""
 
 
 class Identifies(Protocol):
     """`sapo.identity.TrustStore`, or the service's `IdentityGate` around one."""
 
     def identify(self, headers: Mapping[str, bytes], value: bytes, now_s: float) -> Sender | Rejection: ...
+
+
+@functools.lru_cache(maxsize=CLAIMED_SENDERS)
+def _claimed(node_id: str) -> Sender:
+    """The unverified sender a node-id header claims; one object per recent claim, as a sampler reading
+    a large swarm without identity builds one per record."""
+    return Sender(node_id)
 
 
 def sender_of(
@@ -42,7 +53,7 @@ def sender_of(
     if origin == "local":
         return Sender(node_id)
     if store is None:
-        return Sender(header_str(headers, H_NODE))
+        return _claimed(header_str(headers, H_NODE))
     verdict = store.identify(headers, value or b"", now_s)
     if isinstance(verdict, Rejection):
         if verdict.hostile:

@@ -163,6 +163,6 @@ class WarmStart(Generic[H]):
         rng = random.Random(f"{cfg.seed}/warm/{sequence}")  # a resumed warm start re-makes the same choice
         return pick_external(entries, n, cfg.max_per_source, cfg.selection, rng)
 
-    def _arrived(self, group: rollout_pb2.RolloutGroup, origin: Origin, now_s: float) -> None:
+    def _arrived(self, _node: str, _group_id: str, round_: int, origin: Origin, _now_s: float) -> None:
         if origin == "external":
-            self.highest_round = max(group.round, self.highest_round or 0)
+            self.highest_round = max(round_, self.highest_round or 0)

@@ -146,6 +146,7 @@ def test_a_groups_facts_header_restates_its_body() -> None:
         b"f1;id;-1;2;3;d;1;2;1",
         b"f1;id;1;2;1000000000;d;1;2;1",
         b"f1;id;1;2;3;d;1;2;2",
+        b"f1;\xffid;1;2;3;d;1;2;1",  # a text field that is not ASCII
     ],
 )
 def test_a_malformed_facts_header_is_a_facts_mismatch(raw: bytes) -> None:

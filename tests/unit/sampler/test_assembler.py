@@ -46,7 +46,7 @@ class Feed:
     ) -> str | None:
         self.count += 1
         s = scored(origin, peer, round_=round_, completed_s=now, **kw)  # type: ignore[arg-type]
-        self.assembler.arrived(s.group, s.origin, now)
+        self.assembler.arrived(s.peer, s.group_id, s.round, s.origin, now)
         self.assembler.screened(s.origin)
         if not signal:
             return "no_signal"
@@ -216,7 +216,8 @@ def test_streaming_batch_is_due_after_a_round_without_enough_local_signal(mode: 
     feed.group("local", "node-0", T0, signal=False)
     feed.group("external", "peer-1", T0)
     assert feed.assembler.next_batch(T0, 0) is None  # 2 of the round's 3 local groups so far
-    feed.assembler.arrived(scored("local", "node-0").group, "local", T0)  # a duplicate: arrived only
+    duplicate = scored("local", "node-0")
+    feed.assembler.arrived(duplicate.peer, duplicate.group_id, duplicate.round, "local", T0)  # arrived only
     assert feed.assembler.next_batch(T0, 0) is None
     feed.group("local", "node-0", T0, signal=False)
     batch = feed.assembler.next_batch(T0, 0)

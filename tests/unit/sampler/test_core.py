@@ -8,7 +8,8 @@ import pytest
 
 from sapo import wire
 from sapo.identity import Sender
-from sapo.sampler import History, Origin, SamplerCore, next_sequence_of
+from sapo.sampler import History, Origin, SamplerCore, Unread, next_sequence_of, parse
+from sapo.sampler.assembler import LOCKSTEP_WINDOW
 from sapo.v1 import batch_pb2, policy_pb2, rollout_pb2
 from sapo.wire import InvalidMessageError
 from tests.unit.sampler.builders import questions, real_group, sampler_core
@@ -165,3 +166,38 @@ def test_next_sequence_of_an_announcement() -> None:
     assert next_sequence_of(update) == 10
     assert next_sequence_of(policy_pb2.PolicyUpdate(node_id=NODE, version=7)) == 7  # no field: a floor
     assert next_sequence_of(policy_pb2.PolicyUpdate(node_id=NODE, version=0)) == 0
+
+
+def test_a_group_admitted_on_its_facts_gets_the_place_its_decoded_body_gets() -> None:
+    """`admit_unread` asks the pool for a place before it builds the group's pooled form: the
+    verdicts (a full pool's fair shares, a round beyond the lock-step window, a re-delivery) and what
+    ends up pooled are those of the same records decoded on arrival."""
+    on_facts, decoded = _core(verify="lazy", max_pool_groups=3), _core(verify="lazy", max_pool_groups=3)
+    now = time.time()
+    arrivals = [
+        ("peer-1", 0),
+        ("peer-1", 0),
+        ("peer-1", 0),  # the pool is full
+        ("peer-2", 0),  # in place of peer-1's oldest: peer-2 then holds fewer
+        ("peer-2", 0),  # refused: peer-2 would then hold as many as peer-1
+        ("peer-3", LOCKSTEP_WINDOW + 1),
+    ]
+    records = []
+    for i, (peer, round_) in enumerate(arrivals):
+        group = real_group(RECORDS[i], peer, round_=round_)
+        value = group.SerializeToString()
+        records.append((value, dict(wire.rollout_headers(group, value)), peer))
+    records.append(records[0])  # a re-delivery of the evicted group
+    verdicts = []
+    for value, headers, peer in records:
+        facts = wire.read_facts(headers)
+        assert facts is not None
+        got = on_facts.admit_unread(Unread(value, headers, facts), peer, now, Sender(peer))
+        want = decoded.admit(parse(value, 1 << 20, headers), "external", peer, now, Sender(peer))
+        verdicts.append((got, want))
+    assert [got for got, _ in verdicts] == [want for _, want in verdicts]
+    assert [got for got, _ in verdicts] == [None, None, None, None, "pool_full", "future_round", "duplicate"]
+    pooled = [core.assembler.pool.entries("external") for core in (on_facts, decoded)]
+    assert [e.group_id for e in pooled[0]] == [e.group_id for e in pooled[1]]
+    assert [e.handle for e in pooled[0]] == ["peer-1", "peer-1", "peer-2"]
+    assert [e.scored.verified for e in pooled[0]] == [False] * 3

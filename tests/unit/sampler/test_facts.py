@@ -27,9 +27,9 @@ Edit = Callable[[rollout_pb2.RolloutGroup], None]
 def _screen(verify: VerifyMode = VerifyMode.LAZY, arrivals: list[tuple[str, int]] | None = None) -> Screen:
     cfg = screen_config(NODE, max_external_age_s=600.0, verify=verify)
 
-    def arrived(group: rollout_pb2.RolloutGroup, _origin: str, _now: float) -> None:
+    def arrived(node: str, _group_id: str, round_: int, _origin: str, _now: float) -> None:
         if arrivals is not None:
-            arrivals.append((group.node_id, group.round))
+            arrivals.append((node, round_))
 
     return Screen(cfg, SeenGroups(1000), on_arrival=arrived)
 

@@ -75,7 +75,7 @@ def _pool(
     for group in groups:
         verdict = honest(screen, group, origin, T0, 0)  # type: ignore[arg-type]
         assert isinstance(verdict, Scored), verdict
-        assembler.arrived(group, verdict.origin, T0)
+        assembler.arrived(group.node_id, group.group_id, group.round, verdict.origin, T0)
         assert assembler.add(verdict, group.group_id, T0) is None
 
 

@@ -176,7 +176,7 @@ def test_identity_is_checked_on_the_decoded_body_and_dedupe_by_group_id() -> Non
 
 def test_arrivals_are_reported_before_freshness_and_signal_filters() -> None:
     arrivals: list[tuple[str, str]] = []
-    screen = _screen(on_arrival=lambda g, origin, _now: arrivals.append((g.node_id, origin)))
+    screen = _screen(on_arrival=lambda node, _id, _round, origin, _now: arrivals.append((node, origin)))
     honest(screen, real_group(RECORDS[0], NODE), "local", time.time(), 0)
     honest(screen, real_group(RECORDS[0], "peer-1", (True, True)), "external", time.time(), 0)  # no signal
     honest(screen, real_group(RECORDS[0], NODE), "external", time.time(), 0)  # own node: not an arrival
@@ -190,7 +190,7 @@ def test_own_groups_of_a_refused_task_still_arrive_so_lockstep_rounds_close() ->
     other_task = next(r for r in RECORDS if r.task != RECORDS[0].task)
     screen = _screen(
         accepted_tasks=frozenset({RECORDS[0].task}),
-        on_arrival=lambda g, origin, _now: arrivals.append((g.node_id, origin)),
+        on_arrival=lambda node, _id, _round, origin, _now: arrivals.append((node, origin)),
     )
     assert honest(screen, real_group(other_task, NODE), "local", time.time(), 0) == "task_not_accepted"
     assert honest(screen, real_group(other_task, "peer-1"), "external", time.time(), 0) == "task_not_accepted"

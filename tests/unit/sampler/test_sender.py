@@ -32,7 +32,7 @@ class Receiver:
         self.screen = Screen(
             screen_config(NODE, max_external_age_s=600.0),
             SeenGroups(100),
-            on_arrival=lambda g, _origin, _now: self.arrivals.append(g.node_id),
+            on_arrival=lambda node, _group_id, _round, _origin, _now: self.arrivals.append(node),
         )
         self.store = store
 
