@@ -13,6 +13,7 @@ from typing import TypeVar
 import pytest
 from google.protobuf.message import Message
 
+from sapo.settings import ConsumerProfile
 from sapo.swarm.launcher import ServiceProcess, Swarm
 from sapo.swarm.manifest import Service, parse_manifest
 from sapo.topics import TopicNames
@@ -80,10 +81,17 @@ def _manifest(bootstrap: str, prefix: str, replicas: int) -> object:
     )
 
 
+def _swarm(manifest: object, run_dir: Path) -> Swarm:
+    """The test broker's timings (a swarm given a bootstrap otherwise runs with the Apache Kafka
+    defaults: 45 s sessions, which the embedded broker turns into 22 s group joins, one per process
+    start and rebalance)."""
+    return Swarm(manifest, run_dir, consumer=ConsumerProfile.local())  # type: ignore[arg-type]
+
+
 def test_three_replicas_share_the_rounds_and_survive_a_sigkill(
     kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
 ) -> None:
-    swarm = Swarm(_manifest(kafka_bootstrap, topic_prefix, replicas=3), tmp_path)  # type: ignore[arg-type]
+    swarm = _swarm(_manifest(kafka_bootstrap, topic_prefix, replicas=3), tmp_path)
     topics = TopicNames.for_node("node-a", topic_prefix)
     try:
         swarm.start()
@@ -127,7 +135,7 @@ def test_three_replicas_share_the_rounds_and_survive_a_sigkill(
 def test_a_second_trainer_and_sampler_stand_by_and_take_over_when_the_first_stops(
     kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
 ) -> None:
-    swarm = Swarm(_manifest(kafka_bootstrap, topic_prefix, replicas=1), tmp_path)  # type: ignore[arg-type]
+    swarm = _swarm(_manifest(kafka_bootstrap, topic_prefix, replicas=1), tmp_path)
     topics = TopicNames.for_node("node-a", topic_prefix)
     roles: tuple[Service, ...] = ("trainer", "sampler")
     try:
