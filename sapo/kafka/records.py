@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -105,27 +106,39 @@ class Watermarks:
     offset seen when all are finished. Committing that position and no further is what makes
     at-least-once hold when records finish out of order (a sampler holds groups in its pool while
     later ones are already in an emitted batch).
+
+    The lowest unfinished offset comes from a heap per partition whose finished offsets leave lazily
+    (when they reach the top, or all at once when they outnumber the unfinished ones): a sampler holds
+    thousands of records in its pool and the positions are taken after every finish, so a `min` over
+    the unfinished set cost ~60 us per record read.
     """
 
     def __init__(self) -> None:
         self._pending: dict[TopicPartition, set[int]] = {}
+        self._lowest: dict[TopicPartition, list[int]] = {}
         self._next: dict[TopicPartition, int] = {}
         self._dirty = False
 
     def seen(self, tp: TopicPartition, offset: int) -> None:
-        self._pending.setdefault(tp, set()).add(offset)
+        pending = self._pending.setdefault(tp, set())
+        if offset not in pending:
+            pending.add(offset)
+            heapq.heappush(self._lowest.setdefault(tp, []), offset)  # offsets come in order: O(1)
         self._next[tp] = max(self._next.get(tp, 0), offset + 1)
 
     def finish(self, tp: TopicPartition, offset: int) -> None:
         pending = self._pending.get(tp)
         if pending is not None and offset in pending:
             pending.discard(offset)
+            if not pending:
+                self._lowest[tp].clear()
             self._dirty = True
 
     def drop(self, tps: Iterable[TopicPartition]) -> None:
         """Forget partitions that were revoked or lost; their next owner re-reads from the commit."""
         for tp in tps:
             self._pending.pop(tp, None)
+            self._lowest.pop(tp, None)
             self._next.pop(tp, None)
 
     def pending_count(self) -> int:
@@ -133,10 +146,18 @@ class Watermarks:
 
     def positions(self) -> list[OffsetPosition]:
         return [
-            (tp[0], tp[1], min(pending) if pending else self._next[tp])
+            (tp[0], tp[1], self._lowest_pending(tp, pending) if pending else self._next[tp])
             for tp, pending in self._pending.items()
             if tp in self._next
         ]
+
+    def _lowest_pending(self, tp: TopicPartition, pending: set[int]) -> int:
+        heap = self._lowest[tp]
+        if len(heap) > 2 * len(pending) + 64:  # mostly finished offsets behind a long-held one
+            heap[:] = sorted(pending)  # a sorted list is a heap
+        while heap[0] not in pending:
+            heapq.heappop(heap)
+        return heap[0]
 
     def take_dirty(self) -> bool:
         """True once after any finish(); lets the loop store positions only when they moved."""
