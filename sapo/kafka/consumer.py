@@ -293,7 +293,7 @@ class ConsumerLoop:
         return read
 
     def _dispatch(self, record: Record) -> None:
-        self._metrics.consumed.labels(self._stream_of(record.topic)).inc()
+        self._metrics.consumed_of(self._stream_of(record.topic)).inc()
         self.watermarks.seen(record.tp, record.offset)
         if self._skipped_chunk(record):
             return
@@ -304,7 +304,7 @@ class ConsumerLoop:
             return
         reason = self._prefilter(assembled) if self._prefilter is not None else None
         if reason is not None:
-            self._metrics.rejected.labels(reason).inc()
+            self._metrics.rejected_of(reason).inc()
             self.finish(assembled)
             return
         try:

@@ -2,9 +2,32 @@
 
 from __future__ import annotations
 
+from typing import Generic, TypeVar
+
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.metrics import MetricWrapperBase
 
 from sapo.kafka.errors import PRODUCE_ERROR_KINDS
+
+M = TypeVar("M", bound=MetricWrapperBase)
+
+
+class Children(Generic[M]):
+    """A labelled metric's children by label values, from a plain dict. `metric.labels(...)` takes a
+    lock and checks the values on every call (~2.6 us, against ~0.9 us for the child's `inc()` on a
+    2-core machine), and the per-message counters (consumed, rejected, per peer) are called once or
+    more for every record. For bounded label sets only (ours are: streams, reasons, peers through
+    `sapo.node.peers.PeerLabels`), on metrics whose series are never removed."""
+
+    def __init__(self, metric: M) -> None:
+        self._metric = metric
+        self._children: dict[tuple[str, ...], M] = {}
+
+    def __call__(self, *values: str) -> M:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._metric.labels(*values)
+        return child
 
 
 class TransportMetrics:
@@ -21,6 +44,7 @@ class TransportMetrics:
         self.rejected = Counter(
             f"{p}_messages_rejected_total", "Messages skipped, by reason.", ["reason"], registry=registry
         )
+        self.consumed_of, self.rejected_of = Children(self.consumed), Children(self.rejected)
         self.dead_lettered = Counter(
             f"{p}_messages_dead_lettered_total",
             "Messages sent to the dead-letter topic, by reason.",

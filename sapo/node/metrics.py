@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from sapo.kafka.metrics import Children
 from sapo.node.peers import PeerLabels, SamplerPeerMetrics, TrainerPeerMetrics
 from sapo.sampler import ORIGINS, REASONS
 
@@ -208,6 +209,9 @@ class SamplerMetrics:
             ["origin"],
             registry=registry,
         )
+        # Looked up for every record read and every step of the loop (`sapo.kafka.metrics.Children`).
+        self.consumed_of, self.rejected_of = Children(self.consumed), Children(self.rejected)
+        self.pool_of = Children(self.pool)
         for origin in ORIGINS:
             self.consumed.labels(origin)
             self.age.labels(origin)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter
 
+from sapo.kafka.metrics import Children
 from sapo.topics import NODE_ID_PATTERN
 
 if TYPE_CHECKING:  # the sampler uses this module too, and the trainer package loads torch
@@ -85,6 +86,7 @@ class SamplerPeerMetrics:
             ["peer"],
             registry=registry,
         )
+        self._received_of, self._rejected_of = Children(self._received), Children(self._rejected)
         self._init(OTHER)
 
     def received(self, peer: str, *, pooled: bool) -> None:
@@ -92,10 +94,10 @@ class SamplerPeerMetrics:
         label, new = self.labels.admit(peer) if pooled else (self.labels.label(peer), False)
         if new:
             self._init(label)
-        self._received.labels(label).inc()
+        self._received_of(label).inc()
 
     def rejected(self, peer: str, reason: str) -> None:
-        self._rejected.labels(self.labels.label(peer), reason).inc()
+        self._rejected_of(self.labels.label(peer), reason).inc()
 
     def used(self, peers: Iterable[str]) -> None:
         for peer in peers:

@@ -256,7 +256,7 @@ class SamplerService:
         self._health.beat()
         self._health.set("partitions_assigned", bool(self.local.assigned) and bool(self.swarm.assigned))
         for origin in ORIGINS:
-            self._metrics.pool.labels(origin).set(self.core.assembler.pool.count(origin))
+            self._metrics.pool_of(origin).set(self.core.assembler.pool.count(origin))
         if not got:
             self._stop.wait(IDLE_WAIT_S)
         return got
@@ -275,20 +275,20 @@ class SamplerService:
                 self._lease.release()
 
     def _prefilter(self, origin: Origin, record: Record) -> str | None:
-        self._metrics.consumed.labels(origin).inc()
+        self._metrics.consumed_of(origin).inc()
         reason = header_reason(record.headers, origin, self.core.screen.cfg)
         if reason is not None:
-            self._metrics.rejected.labels(reason).inc()
+            self._metrics.rejected_of(reason).inc()
         return reason
 
     def _handle(self, origin: Origin, record: Record) -> Disposition:
         try:
             reason = self._admit(origin, record)
         except InvalidMessageError as exc:  # counted here; the loop dead-letters and finishes it
-            self._metrics.rejected.labels(exc.reason).inc()
+            self._metrics.rejected_of(exc.reason).inc()
             raise
         if reason is not None:
-            self._metrics.rejected.labels(reason).inc()
+            self._metrics.rejected_of(reason).inc()
             return Disposition.DONE
         return Disposition.HELD
 
