@@ -24,6 +24,9 @@ through the real ConsumerLoop in a fresh consumer group:
   arrival, then the cheap filters and the claimed-signal check;
 - node: a node that trains on one task of four, eager: header prefilter, then the full pipeline.
 
+Every full path holds a pooled group's record (its offset uncommittable) until the group leaves the
+pool in a batch or as a discard, and finishes it then through the loop, as the service does.
+
 Fresh dedupe set, verifier caches and pool per pass. The I=4 local groups of each batch are
 verified before the timing (local groups are verified on arrival in both modes and come from the
 node's own generator, not from this topic). Everything alive before the passes is frozen out of the
@@ -104,6 +107,17 @@ per message before, 10.7-11.1 after (minimum of 5 passes, 3 pairs); 10,000 x 2: 
 - 10,000 nodes x 2 groups, a slower hour (raw ~38k msgs/s, 29.3 us CPU): lazy ~19k msgs/s, 0.516 x by
   medians, 0.432 x paired, 0.534 x by CPU. FAIL. Per-round ratios move between 0.40 and 0.72 with
   the raw pass, which the broker's fetches bound; lazy's own rate moves less.
+
+The full paths then began to hold pooled records until their batch or discard, as the service does
+(before, every record was finished at once, so the offset bookkeeping of a pool of held records was
+never measured; the service took a `min` over the held offsets after every finish, ~60 us per
+record, now a heap: `sapo.kafka.records.Watermarks`). Same code, the idle machine, three runs:
+
+- 1,000 nodes x 20 groups: lazy ~21k / ~27k msgs/s against raw ~59k / ~50k: 0.372 x / 0.540 x
+  paired (FAIL / PASS), 0.353 / 0.541 by medians, 0.385 / 0.588 by CPU: the same code either side
+  of the target from one run to the next.
+- 10,000 nodes x 2 groups: raw ~40k, lazy ~21k msgs/s: 0.456 x paired (FAIL), 0.520 by medians,
+  0.531 by CPU. One lazy sampler reads 2.6 x the 8,000 groups/s of 10,000 nodes.
 
     .venv/bin/python bench/bench_sampler.py [--nodes 1000] [--groups-per-node 20] [--rounds 5]
 """
@@ -231,15 +245,22 @@ def build_local(count: int, seed: int) -> list[Scored]:
 
 
 def timed_read(
-    bootstrap: str, count: int, handler: Callable[[Record], Disposition], prefilter: Prefilter | None
+    bootstrap: str,
+    count: int,
+    handler: Callable[[Record], Disposition],
+    prefilter: Prefilter | None,
+    sampler: Sampler | None = None,
 ) -> tuple[float, float]:
     """(msgs/s, CPU microseconds of this process per message) of one full pass over the topic in a
     fresh group, from the first record on. The CPU time is the consumer's own (Python and the
-    librdkafka threads), without the broker's, which here shares the machine."""
+    librdkafka threads), without the broker's, which here shares the machine. A full path's `sampler`
+    finishes the records it held through this loop, as the service does."""
     config = {"bootstrap.servers": bootstrap} | ConsumerProfile.local().to_librdkafka()
     client = KafkaConsumerClient(config, f"bench.{uuid.uuid4().hex[:8]}")
     metrics = TransportMetrics(CollectorRegistry(), "bench")
     loop = ConsumerLoop(client, [TOPIC], handler, stop=StopFlag(), metrics=metrics, prefilter=prefilter)
+    if sampler is not None:
+        sampler.finish = loop.finish
     loop.open()
     try:
         while not loop.step(0.5):
@@ -286,6 +307,8 @@ class Sampler:
     emit_s: float = 0.0
     verified: int = 0
     verify_s: float = 0.0
+    finish: Callable[[Record], None] | None = None
+    """The loop's `finish`: a pooled record is held until its batch or its discard, as in the service."""
 
     def __post_init__(self) -> None:
         cfg = settings(self.screen.cfg.accepted_tasks, self.screen.cfg.verify).assembly_config()
@@ -297,18 +320,16 @@ class Sampler:
         assert isinstance(sender, Sender) and record.value is not None
         facts = arrival_facts(record.headers, "external", self.screen.cfg) if self.facts else None
         if facts is not None:  # as SamplerCore.admit_unread: no decoding on arrival
-            self._count(self._admit_unread(Unread(record.value, record.headers, facts), record, now, sender))
+            verdict = self._admit_unread(Unread(record.value, record.headers, facts), record, now, sender)
         else:
             group = parse(record.value, 1 << 20, record.headers)
-            verdict = self.screen.check(group, "external", now, self.batches, sender)
-            if isinstance(verdict, str):
-                self._count(verdict)
-            else:
-                self._count(self._add(verdict, record, now))
+            screened = self.screen.check(group, "external", now, self.batches, sender)
+            verdict = screened if isinstance(screened, str) else self._add(screened, record, now)
+        self._count(verdict)
         self.read += 1
         if self.read % self.batch_every == 0:
             self._emit(now)
-        return Disposition.DONE
+        return Disposition.HELD if verdict == "pooled" else Disposition.DONE
 
     def _admit_unread(self, unread: Unread, record: Record, now: float, sender: Sender) -> str:
         reason = self.screen.facts_reason(unread, now, sender.node_id)
@@ -343,8 +364,15 @@ class Sampler:
         if batch is not None:
             self.batches += 1
             self.external_picked += len(batch.external)
+            for entry in batch.external:
+                self._finish(entry.handle)
         for discard in self.assembler.take_discards():
             self._count(f"pool:{discard.reason}")
+            self._finish(discard.entry.handle)
+
+    def _finish(self, record: Record | None) -> None:
+        if record is not None and self.finish is not None:
+            self.finish(record)
 
     def _count(self, key: str) -> None:
         self.verdicts[key] = self.verdicts.get(key, 0) + 1
@@ -497,7 +525,9 @@ def main() -> None:
         for _ in range(args.rounds):
             handlers, samplers = paths(frozenset({EASY_PROFILE[0].name}), local, args.batch_every)
             for name, (handler, prefilter) in handlers.items():
-                rate, cpu_us = timed_read(broker.bootstrap, len(messages), handler, prefilter)
+                rate, cpu_us = timed_read(
+                    broker.bootstrap, len(messages), handler, prefilter, samplers.get(name)
+                )
                 rates[name].append(rate)
                 cpu[name].append(cpu_us)
     report(rates, cpu, samplers, messages, args.nodes * GROUPS_PER_ROUND / args.round_s)
