@@ -333,7 +333,7 @@ class ConsumerLoop:
         index, count, message_id = chunk
         slot = (record.tp, message_id)
         if index == 0 and (reason := self._prefilter(record)) is not None:
-            self._metrics.rejected.labels(reason).inc()
+            self._metrics.rejected_of(reason).inc()
             self._skipping[slot] = reason
         if slot not in self._skipping:
             return False
@@ -353,7 +353,7 @@ class ConsumerLoop:
             first.offset,
             incomplete.reason,
         )
-        self._metrics.rejected.labels(incomplete.reason).inc()
+        self._metrics.rejected_of(incomplete.reason).inc()
         if self._dead_letters is not None:
             self._dead_letters.send(first, incomplete.reason, f"{len(incomplete.parts)} chunk(s) given up")
         for part in incomplete.parts:
@@ -361,7 +361,7 @@ class ConsumerLoop:
 
     def _reject(self, record: Record, exc: InvalidMessageError) -> None:
         log.warning("rejected %s/%d/%d: %s", record.topic, record.partition, record.offset, exc)
-        self._metrics.rejected.labels(exc.reason).inc()
+        self._metrics.rejected_of(exc.reason).inc()
         if self._dead_letters is not None:
             self._dead_letters.send(record, exc.reason, exc.detail)
         self.finish(record)

@@ -447,11 +447,11 @@ class SamplerService:
                 log.warning(
                     "rejected %s/%d/%d: %s", record.topic, record.partition, record.offset, discard.error
                 )
-                self._transport.rejected.labels(discard.reason).inc()
+                self._transport.rejected_of(discard.reason).inc()
                 if self._dead_letters is not None:
                     self._dead_letters.send(record, discard.reason, discard.error.detail)
             self._loop_of(record).finish(record)
-            self._metrics.rejected.labels(discard.reason).inc()
+            self._metrics.rejected_of(discard.reason).inc()
             if discard.entry.scored.origin == "external":
                 self._metrics.peers.rejected(discard.entry.scored.peer, discard.reason)
                 self._intake.rejected(discard.entry.scored.peer, discard.reason)
