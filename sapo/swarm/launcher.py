@@ -111,7 +111,14 @@ class Swarm:
             self.broker = EmbeddedBroker(log_path=self.run_dir / "logs" / "broker.log").start()
             self.bootstrap = self.broker.bootstrap
         names = [TopicNames.for_node(n.id, self.manifest.topic_prefix) for n in self.manifest.nodes]
-        specs = [spec for topics in names for spec in topics.specs()]
+        # A work topic partition per generator replica, not the chart's room to scale to eight: the
+        # launcher's replicas are fixed, and every assigned partition costs the embedded broker CPU on
+        # each fetch even when empty (~0.2 ms, docs/architecture.md).
+        specs = [
+            spec
+            for node, topics in zip(self.manifest.nodes, names, strict=True)
+            for spec in topics.specs(work_partitions=node.generator_replicas)
+        ]
         ensure_topics({"bootstrap.servers": self.bootstrap}, specs, timeout_s=30)
         self.recorder = SwarmRecorder(
             self._recorder_config(),

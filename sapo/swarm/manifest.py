@@ -79,8 +79,9 @@ class NodeSpec(BaseModel):
     generator_replicas: int = Field(
         1,
         ge=1,
-        description="Generator processes of the node, sharing its work (a launcher setting: at most the "
-        "work topic's partitions do work, sapo.topics.WORK_PARTITIONS by default).",
+        description="Generator processes of the node, sharing its work (a launcher setting: the launcher "
+        "creates the node's work topic with one partition per replica; on an existing cluster whose topic "
+        "has fewer partitions, the replicas beyond them idle).",
     )
     model: str | None = Field(None, description=_doc("model"))
     seed: int | None = Field(None, description=_doc("seed"))
