@@ -15,6 +15,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -92,9 +93,13 @@ class OpsServer:
 def _make_handler(registry: CollectorRegistry, health: Health) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
+            path, _, query = self.path.partition("?")
             if path == "/metrics":
-                self._reply(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+                # `name[]` selects series by sample name, as prometheus_client's own handler does: a
+                # poller that wants a few numbers then costs the service a few series, not all of them.
+                names = parse_qs(query).get("name[]")
+                source = registry.restricted_registry(names) if names else registry
+                self._reply(200, generate_latest(source), CONTENT_TYPE_LATEST)
             elif path == "/healthz":
                 ok = health.alive()
                 self._reply(200 if ok else 503, b"ok\n" if ok else b"main loop stalled\n")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
@@ -14,7 +15,11 @@ Samples = dict[str, list[tuple[dict[str, str], float]]]
 
 
 def scrape(url: str, names: Collection[str] | None = None, timeout_s: float = 2.0) -> Samples:
-    """Metric samples by name (only `names`, when given); empty when the service is not up yet."""
+    """Metric samples by name (only `names`, when given: asked of the service with `name[]` and kept
+    from its answer, so a service that ignores the parameter answers right too); empty when the
+    service is not up yet."""
+    if names is not None:
+        url += "?" + urllib.parse.urlencode([("name[]", n) for n in sorted(names)])
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as resp:
             text = resp.read().decode()

@@ -61,13 +61,16 @@ def run_swarm(
         out.write(f"broker {swarm.bootstrap}; logs in {run_dir / 'logs'}\n")
         last_print = 0.0
         last_samples: dict[str, Samples] = {}
+        targets = {n.id: n.rounds for n in manifest.nodes}
+        recorder = swarm.recorder
+        assert recorder is not None  # set by start()
         while not stop.is_set():
-            if swarm.recorder is not None:
-                swarm.recorder.drain()
-            statuses = _statuses(swarm, last_samples)
+            recorder.drain()
             now = time.monotonic()
+            # The view is the only reader of the services' /metrics: scraped when it is shown (every
+            # refresh on a terminal, every 15 s into a log), never just to learn that the run is done.
             if live or now - last_print >= 15:
-                view = render(statuses, rounds, now - started)
+                view = render(_statuses(swarm, last_samples), rounds, now - started)
                 out.write(("\x1b[2J\x1b[H" + view + "\n") if live else view + "\n")
                 out.flush()
                 last_print = now
@@ -78,9 +81,8 @@ def run_swarm(
                     out.write(_log_tail(p.log_path) + "\n")
                 code = 1
                 break
-            targets = {n.id: n.rounds for n in manifest.nodes}
-            if statuses and all(s.policy_version >= targets[s.node] for s in statuses):
-                break
+            if all(recorder.latest.get(node, -1) >= target for node, target in targets.items()):
+                break  # every node announced its last version on its policy topic
             stop.wait(refresh_s)
         if stop.is_set():
             out.write(f"\nstopping ({stop.reason})\n")

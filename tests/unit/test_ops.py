@@ -6,7 +6,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from sapo.ops import Health, OpsServer
 
@@ -41,5 +41,25 @@ def test_metrics_health_and_readiness() -> None:
         health.set_max_silence(-1)
         assert _get(server.port, "/healthz")[0] == 503
         assert _get(server.port, "/nope")[0] == 404
+    finally:
+        server.stop()
+
+
+def test_metrics_name_filter_selects_series_by_sample_name() -> None:
+    registry = CollectorRegistry()
+    Counter("sapo_demo_things", "Things.", registry=registry).inc(3)
+    Counter("sapo_demo_other", "Other.", registry=registry).inc(1)
+    Histogram("sapo_demo_seconds", "Seconds.", registry=registry).observe(0.5)
+    server = OpsServer(registry, Health(), host="127.0.0.1", port=0).start()
+    try:
+        whole = _get(server.port, "/metrics")[1]
+        assert "sapo_demo_other_total 1.0" in whole and "sapo_demo_seconds_bucket" in whole
+        query = "name[]=sapo_demo_things_total&name[]=sapo_demo_seconds_sum"
+        status, body = _get(server.port, f"/metrics?{query}")
+        assert status == 200
+        samples = {line for line in body.splitlines() if line and not line.startswith("#")}
+        assert samples == {"sapo_demo_things_total 3.0", "sapo_demo_seconds_sum 0.5"}
+        status, body = _get(server.port, "/metrics?name[]=sapo_demo_missing")
+        assert status == 200 and not [line for line in body.splitlines() if not line.startswith("#")]
     finally:
         server.stop()
