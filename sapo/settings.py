@@ -140,8 +140,8 @@ class ConsumerProfile(BaseModel):
     @classmethod
     def local_swarm(cls) -> ConsumerProfile:
         """A swarm the launcher runs on the embedded broker: `local()` with 200 ms fetch waits. Its
-        consumers (8 per node) share the machine with the models, and each fetch of a partition that
-        holds records costs the broker about a millisecond of CPU even when it returns nothing; a
+        consumers (8 per node) share the machine with the models, and each fetch costs the broker
+        about half a millisecond of CPU (more per partition it names) even when it returns nothing; a
         lock-step round waits on three hops, so the longer wait costs ~0.2 s of latency a round and
         saves more CPU than that (bench_pipeline.py, 4 nodes on one CPU: 7.58 s per round against 8.41
         at 50 ms). Tests keep `local()`: few consumers, and latency is their wall time."""
