@@ -46,8 +46,28 @@ against 17.7 and 24.6 s with one wait. The machine's own noise is large here (th
 run took 1.5 x the first): compare medians of repeats, and broker CPU. Before (watchers only, 50 ms on
 the path): services 8.06, in process 5.06 (+59.1%), one wait 9.72.
 
+Then the launcher gave each node's work topic one partition per generator replica (each generator
+had fetched all eight of the chart's default every 200 ms) and the progress view stopped scraping the
+twelve services every 2 s when it writes to a log, as here (on a terminal it still refreshes every 2
+s, asking each service for its seven series only). Same machine, same day, 2 repeats each (services /
+in process, s per round): work partitions alone 9.56 / 6.09 and 9.10 / 6.20, medians +51.9% (the
+services' runs 191-193 CPU s, broker 11.2-12.3); with the view change too 7.51 / 6.86 and 8.78 /
+5.09, +36.3% (152-168 CPU s, broker 8.0-9.9). The machine's speed drifted by a third within the
+runs (the same in-process run took 55.6 and 74.8 CPU s), so the CPU seconds are the firmer figure:
+~30 s less per services run, ~3 s of it the broker's. `make profile` of the same code: the
+pipeline's fixed cost ~1.8 CPU s a round (3.2 before; `results/profile/README.md`).
+
+`--side-by-side` runs each repeat's two modes at the same time, each pinned to its own CPU (swapped
+every repeat; the in-process run starts, in a child process, once the services trained their first
+version, so that the windows overlap): both then see the same spells of the host's speed. Same code,
+3 repeats: in process 4.87 / 4.95 / 4.43 s per round (steadier than run in turn), services 7.33 /
+6.82 / 7.17; per repeat 1.505 / 1.378 / 1.621, medians +47.4% (FAIL). The bundled 135M model, 2
+nodes, 3 rounds, one repeat in turn: services 66.6, in process 61.0 s per round, +9.3% (FAIL; broker
+15.3 CPU s of the services' 329): with ~30 s of model work per node-round the fixed cost is not the
+~1% the profile's CPU split suggested, and this window (2 round intervals) is short.
+
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_pipeline.py [--model warm:0] [--nodes 4] [--rounds 10]
-        [--repeats 2] [--one-wait]
+        [--repeats 2] [--one-wait | --side-by-side]
 
 Target: overhead = Kafka / in-process - 1 <= 5%. A quick check of the script itself:
 
@@ -58,9 +78,12 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import resource
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -75,6 +98,8 @@ from sapo.swarm.manifest import SwarmManifest, parse_manifest
 from sapo.swarm.run import run_swarm
 
 TARGET_OVERHEAD = 0.05
+RESULT = "result.json"
+"""What a --side-by-side child leaves in its run directory: [seconds per round, CPU seconds]."""
 
 
 def bench_manifest(model: str, nodes: int, rounds: int) -> SwarmManifest:
@@ -175,6 +200,42 @@ def inprocess(manifest: SwarmManifest, run_dir: Path, out: io.StringIO) -> int:
     return run_inprocess(manifest, run_dir, out)
 
 
+def side_by_side(
+    args: argparse.Namespace, manifest: SwarmManifest, root: Path, repeat: int, cores: list[int]
+) -> tuple[tuple[float, float], tuple[float, float]]:
+    """One repeat of both modes at once: the services on `cores[0]`; once they trained their first
+    version (their start-up is ~5 x the in-process run's), the in-process run in a child process of
+    this script on `cores[1]`, so that the two windows overlap. The child's CPU seconds are its own
+    (reaped only after the services' run was measured, it is never in their children's rusage)."""
+    os.sched_setaffinity(0, {cores[0]})  # the broker and the services inherit it
+    kafka_dir, run_dir = root / f"kafka-{repeat}", root / f"inprocess-{repeat}"
+    command = [sys.executable, __file__, "--model", args.model, "--nodes", str(args.nodes)]
+    command += ["--rounds", str(args.rounds), "--inprocess-into", str(run_dir)]
+    children: list[subprocess.Popen[bytes]] = []
+    done = threading.Event()
+
+    def start_when_trained() -> None:
+        while not done.wait(0.5):
+            if any((kafka_dir / STEPS_DIR).glob("*.jsonl")):
+                os.sched_setaffinity(0, {cores[1]})  # this thread only; the child inherits it
+                children.append(subprocess.Popen(command))
+                return
+
+    starter = threading.Thread(target=start_when_trained, daemon=True)
+    starter.start()
+    try:
+        services = measure("kafka", kafka, manifest, kafka_dir)
+    finally:
+        done.set()
+        starter.join()
+    if not children:
+        raise SystemExit(f"the services trained no version; see {kafka_dir / 'run.log'}")
+    if (code := children[0].wait()) != 0:
+        raise SystemExit(f"the in-process run failed with exit status {code}; see {run_dir / 'run.log'}")
+    per_round, cpu = json.loads((run_dir / RESULT).read_text())
+    return services, (per_round, cpu)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__,
@@ -193,16 +254,31 @@ def main() -> int:
         action="store_true",
         help="also run the services with every consumer at the short fetch wait (watchers too)",
     )
+    parser.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="run each repeat's two modes at the same time, each pinned to its own CPU (swapped every "
+        "repeat), so that both see the same spells of a shared host's speed",
+    )
+    parser.add_argument("--inprocess-into", type=Path, help=argparse.SUPPRESS)  # --side-by-side's child
     args = parser.parse_args()
     if args.rounds < 2 or args.nodes < 1 or args.repeats < 1:
         parser.error(
             "--rounds must be >= 2 (the window spans version 1 to the last), --nodes and --repeats >= 1"
         )
     manifest = bench_manifest(args.model, args.nodes, args.rounds)
+    if args.inprocess_into:
+        result = measure("inprocess", inprocess, manifest, args.inprocess_into)
+        (args.inprocess_into / RESULT).write_text(json.dumps(result))
+        return 0
     available = sorted(os.sched_getaffinity(0))
+    if args.side_by_side and (args.cpus != 1 or args.one_wait or len(available) < 2):
+        parser.error("--side-by-side needs --cpus 1 (the default), two usable CPUs and no --one-wait")
     if args.cpus:
         os.sched_setaffinity(0, available[: args.cpus])  # children (broker, services) inherit it
     pinned = f"pinned to {args.cpus} CPU(s)" if args.cpus else f"on all {len(available)} CPUs"
+    if args.side_by_side:
+        pinned += " each, side by side"
     modes = {"kafka": kafka, "inprocess": inprocess}
     if args.one_wait:
         modes["one-wait"] = kafka_one_wait
@@ -214,8 +290,14 @@ def main() -> int:
             f"{args.rounds} rounds, {pinned}"
         )
         for repeat in range(args.repeats):
-            order = list(modes) if repeat % 2 == 0 else list(reversed(modes))
             print(f"repeat {repeat + 1}/{args.repeats}:")
+            if args.side_by_side:
+                cores = available[:2] if repeat % 2 == 0 else available[1::-1]
+                kafka_run, inprocess_run = side_by_side(args, manifest, root, repeat, cores)
+                results["kafka"].append(kafka_run)
+                results["inprocess"].append(inprocess_run)
+                continue
+            order = list(modes) if repeat % 2 == 0 else list(reversed(modes))
             for mode in order:
                 run_dir = root / f"{mode}-{repeat}"
                 results[mode].append(measure(mode, modes[mode], manifest, run_dir))
@@ -223,7 +305,9 @@ def main() -> int:
     inprocess_s = statistics.median(r[0] for r in results["inprocess"])
     overhead = kafka_s / inprocess_s - 1
     verdict = "PASS" if overhead <= TARGET_OVERHEAD else "FAIL"
-    print(f"\nkafka {kafka_s:.3f} s/round, in process {inprocess_s:.3f} s/round (medians)")
+    paired = [k[0] / i[0] for k, i in zip(results["kafka"], results["inprocess"], strict=True)]
+    print(f"\nkafka / in process per repeat: {', '.join(f'{r:.3f}' for r in paired)}")
+    print(f"kafka {kafka_s:.3f} s/round, in process {inprocess_s:.3f} s/round (medians)")
     print(f"ratio kafka / in process = {kafka_s / inprocess_s:.3f}: overhead {overhead:+.1%}")
     print(f"{verdict}: overhead {overhead:+.1%} against the target <= {TARGET_OVERHEAD:.0%} ({pinned})")
     if args.one_wait:
