@@ -31,8 +31,9 @@ On the idle machine, after generators began reading each prompt once per batch (
 model work of a round, the part both modes share, cheaper): in process 7.72 s per round, services
 12.06 s: +56.2%, FAIL (it read +41% before that change at the same 50 ms fetch wait). The ~4 CPU
 seconds per round the services add are fixed costs (the broker's long-polls, the services' idle
-threads: `results/profile/README.md`), so the cheaper the model work, the larger the ratio; for the
-bundled 135M model they are ~1% of a round.
+threads: `results/profile/README.md`), so the cheaper the model work, the larger the ratio (for the
+bundled 135M model ~1% of a round, by that estimate; measured below it read +9.3%: a larger model
+adds its own per-round costs, the checkpoint every version and the generators' reload of it).
 
 Consumers of streams no round waits on (the leases, the sampler's view of its trainer, the launcher's
 recorder: 13 of the 4-node swarm's 33) then began fetching at `watch_fetch_wait_max_ms` (local 500 ms),
