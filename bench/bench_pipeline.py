@@ -226,9 +226,15 @@ def side_by_side(
     starter.start()
     try:
         services = measure("kafka", kafka, manifest, kafka_dir)
-    finally:
+    except BaseException:
         done.set()
         starter.join()
+        for child in children:  # no orphan left computing on the other CPU
+            child.kill()
+            child.wait()
+        raise
+    done.set()
+    starter.join()
     if not children:
         raise SystemExit(f"the services trained no version; see {kafka_dir / 'run.log'}")
     if (code := children[0].wait()) != 0:
