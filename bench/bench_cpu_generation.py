@@ -8,6 +8,9 @@ Variants (each a `TransformersBackend` over its own copy of SmolLM2-135M-Instruc
   processes share few cores, so the swarm launcher pins torch to one thread);
 - `prompt-per-row`: the baseline reading each prompt once per completion, as `generate`'s
   `num_return_sequences` does (what the generator ran before);
+- `concat-cache`: the baseline with the shared prompt cache growing by concatenation, as transformers'
+  `DynamicLayer` does (what the generator ran before `ReservedLayer`: every decode step copied every
+  row's cache);
 - `eager-attention`: transformers' plain attention instead of SDPA;
 - `int8-dynamic`: `SAPO_GENERATOR_QUANTIZATION=int8-dynamic`, linear layers of a copy quantized to int8
   (torch dynamic quantization); the policy's fp32 weights stay what the trainer and reloads see;
@@ -37,6 +40,14 @@ shape; three experiment processes on the cores, load average ~5; medians of 2):
 - seeded batches (every generator batch) taking the one-hot token `_RowSampler` chose by maximum
   instead of `generate`'s own softmax + multinomial over the 49k vocabulary: 1.15x more (median of
   6 interleaved calls each, idle machine: 8.60 s -> 7.50 s per batch), the same tokens.
+- room reserved in the shared prompt cache (`ReservedLayer`, the default since; `concat-cache` is
+  what ran before): **1.49x** at the 135M swarm's shape (`--questions 8 --samples 8 --max-new-tokens
+  24`, the other variants left out; idle machine: 22.90 -> 15.32 s per batch), the same tokens and
+  log-probs. A py-spy profile of the 135M services round had shown `DynamicLayer.update`'s two
+  `torch.cat` lines taking as long as every linear layer together: each decode step copied the
+  cache of all 64 rows (up to 387 + 24 positions, 30 layers: ~1.2 GB). What is left of a batch:
+  the linear layers ~60%, attention ~35% (SDPA reads every row's cache each step, the prompt part
+  8 times over as the L rows of a prompt hold copies of it).
 - `bf16`: 1.13x, 0.027 nats per token from the policy (0.8% of tokens with pi/mu outside [0.8,
   1.28]): fidelity PASS, speed FAIL at this shape (a 16 x 250-token forward pass alone was 1.9x
   faster in bf16 on this AVX512-BF16 CPU; the decode steps' per-step overhead does not shrink).
@@ -78,6 +89,7 @@ TARGET = 1.5
 MAX_GAP = 0.1
 BF16 = "bf16"
 PER_ROW = "prompt-per-row"
+CONCAT = "concat-cache"
 
 
 def eager(model: PreTrainedModel) -> PreTrainedModel:
@@ -93,16 +105,22 @@ def variants(threads: int) -> dict[str, tuple[Callable[[], TransformersBackend],
         quantization: str = "",
         dtype: torch.dtype = torch.float32,
         share_prompt: bool = True,
+        reserve_cache: bool = True,
     ) -> TransformersBackend:
         model, tokenizer = load_model(BUNDLED_REF, dtype=dtype)
         return TransformersBackend(
-            prepare(model), tokenizer, quantization=quantization, share_prompt=share_prompt
+            prepare(model),
+            tokenizer,
+            quantization=quantization,
+            share_prompt=share_prompt,
+            reserve_cache=reserve_cache,
         )
 
     same: Callable[[PreTrainedModel], PreTrainedModel] = lambda m: m  # noqa: E731 - a one-line identity
     return {
         "baseline": (lambda: backend(same), threads, ""),
         PER_ROW: (lambda: backend(same, share_prompt=False), threads, ""),
+        CONCAT: (lambda: backend(same, reserve_cache=False), threads, ""),
         "eager-attention": (lambda: backend(eager), threads, ""),
         INT8_DYNAMIC: (lambda: backend(same, INT8_DYNAMIC), threads, INT8_DYNAMIC),
         BF16: (lambda: backend(same, dtype=torch.bfloat16), threads, ""),
@@ -183,6 +201,10 @@ def main() -> None:
     if PER_ROW in rate:
         print(
             f"the prompt read once per question: {rate['baseline'] / rate[PER_ROW]:.2f}x {PER_ROW}'s tokens/s"
+        )
+    if CONCAT in rate:
+        print(
+            f"room reserved in the prompt cache: {rate['baseline'] / rate[CONCAT]:.2f}x {CONCAT}'s tokens/s"
         )
     policy = built["baseline"][0].model  # fp32: what the trainer holds
     for name in (n for n in (INT8_DYNAMIC, BF16) if n in built):

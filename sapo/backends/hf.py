@@ -14,6 +14,8 @@ How a batch is laid out and read back:
   padded to the longest (`share_prompt=False` does, as the reference this is tested against); see
   `bench/bench_cpu_generation.py` for what each step bought. Int8-dynamic rollouts share it too, but
   their samples were never independent of the batch (activation scales are computed per call).
+- The stacked cache keeps room for the completion (`ReservedLayer`), so a decode step writes its
+  position in place instead of copying every row's cache (transformers' `DynamicLayer` concatenates).
 - Behaviour logprobs: a logits processor placed ahead of the temperature / top-k / top-p warpers sees
   the raw logits of each step and keeps ``logits / T`` with its log-normaliser; a stopping criterion,
   which ``generate`` calls right after the sampled token is appended, gathers the chosen token's
@@ -195,16 +197,19 @@ def _prompt_cache(
     prompts: Sequence[Sequence[int]],
     input_ids: torch.Tensor,
     mask: torch.Tensor,
+    *,
     copies: int,
+    room: int | None,
 ) -> Cache:
     """The KV cache of the left-padded prompts up to their last token, each prompt's entries repeated
     for its `copies` rows: the cache ``generate`` would have built for every row, computed once per
     prompt. Each prompt is read unpadded where the model's cache layers allow it (padding to the
-    longest prompt doubled the work for the generator's 86-354-token prompts); positions are those
-    ``generate`` derives from the mask either way. Only the last position's logits are computed, as
-    the 49k-row output layer over every prompt token cost a fifth of the pass and is thrown away."""
+    longest prompt doubled the work for the generator's 86-354-token prompts), into layers with `room`
+    positions reserved for the completion (`ReservedLayer`); positions are those ``generate`` derives
+    from the mask either way. Only the last position's logits are computed, as the 49k-row output
+    layer over every prompt token cost a fifth of the pass and is thrown away."""
     with torch.no_grad():
-        cache = _unpadded_cache(model, prompts, input_ids.shape[1] - 1)
+        cache = _unpadded_cache(model, prompts, input_ids.shape[1] - 1, copies, room)
         if cache is None:
             head, head_mask = input_ids[:, :-1], mask[:, :-1]
             positions = (head_mask.cumsum(-1) - 1).masked_fill(head_mask == 0, 0)
@@ -216,14 +221,17 @@ def _prompt_cache(
                 logits_to_keep=1,
             )
             cache = out.cache
-    cache.batch_repeat_interleave(copies)
+            cache.batch_repeat_interleave(copies)
     return cache
 
 
-def _unpadded_cache(model: PreTrainedModel, prompts: Sequence[Sequence[int]], width: int) -> Cache | None:
+def _unpadded_cache(
+    model: PreTrainedModel, prompts: Sequence[Sequence[int]], width: int, copies: int, room: int | None
+) -> Cache | None:
     """Each prompt but its last token through the model alone, the caches stacked right-aligned to
-    `width` (zeros where the mask hides padding); None when a cache layer is not a plain growing one
-    (sliding-window layers keep a window, not the whole prompt), so the caller pads instead."""
+    `width` (zeros where the mask hides padding) and repeated for `copies` rows, with `room` positions
+    to grow; None when a cache layer is not a plain growing one (sliding-window layers keep a window,
+    not the whole prompt), so the caller pads instead."""
     stacked: Cache | None = None
     per_prompt: list[list[DynamicLayer] | None] = []
     for prompt in prompts:
@@ -240,22 +248,83 @@ def _unpadded_cache(model: PreTrainedModel, prompts: Sequence[Sequence[int]], wi
             stacked = cache
     if stacked is None:
         return None
-    template = next(layers for layers in per_prompt if layers is not None)
-    for index, layer in enumerate(template):
-        for name in ("keys", "values"):
-            like: torch.Tensor = getattr(layer, name)
-            blank = like.new_zeros((1, like.shape[1], width, like.shape[3]))
-            rows = [
-                blank if layers is None else _right_aligned(getattr(layers[index], name), width)
-                for layers in per_prompt
-            ]
-            setattr(layer, name, torch.cat(rows))
+    reserved = [
+        ReservedLayer.stacked([None if p is None else p[index] for p in per_prompt], width, copies, room or 0)
+        for index in range(len(stacked.layers))
+    ]
+    stacked.layers = [layer if room is not None else layer.as_dynamic() for layer in reserved]
     return stacked
 
 
-def _right_aligned(states: torch.Tensor, width: int) -> torch.Tensor:
-    """`states` (batch, heads, length, dim) left-padded with zeros to `width` positions."""
-    return torch.nn.functional.pad(states, (0, 0, width - states.shape[2], 0))
+class ReservedLayer(DynamicLayer):  # type: ignore[no-untyped-call]
+    """A `DynamicLayer` whose keys and values are views of buffers with room for more positions: each
+    decode step writes its position in place, where `DynamicLayer.update` concatenated a new copy of
+    the whole cache (B x L rows of the prompt width) every step. With the 135M model's 86-387-token
+    prompts at 8 x 8 rows those copies took as long as the linear layers (a third of the batch's time
+    went to them); the tokens and log-probs are the same. When a method inherited from `DynamicLayer`
+    replaces the keys or values (beam reordering, cropping) or the room runs out, the next update
+    reserves new buffers from what the layer holds then."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self._key_buffer, self._value_buffer = keys, values
+        self._expose(length)
+        self.device, self.is_initialized = keys.device, True
+
+    @classmethod
+    def stacked(
+        cls, parts: Sequence[DynamicLayer | None], width: int, copies: int, room: int
+    ) -> ReservedLayer:
+        """One row per part (None: all padding), right-aligned to `width`, each repeated `copies`
+        times in place (row ``i * copies + j``, as ``repeat_interleave`` lays them out)."""
+        template = next(part for part in parts if part is not None)
+        buffers = []
+        for name in ("keys", "values"):
+            like: torch.Tensor = getattr(template, name)
+            heads, dim = like.shape[1], like.shape[3]
+            buffer = like.new_zeros((len(parts), copies, heads, width + room, dim))
+            for row, part in enumerate(parts):
+                if part is not None:
+                    states: torch.Tensor = getattr(part, name)
+                    buffer[row, :, :, width - states.shape[2] : width] = states
+            buffers.append(buffer.view(len(parts) * copies, heads, width + room, dim))
+        return cls(buffers[0], buffers[1], width)
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = self.keys, self.values
+        if not self.is_initialized or keys is None or values is None:
+            # Reset since: grow as DynamicLayer does; the next update reserves.
+            return super().update(key_states, value_states)
+        start = keys.shape[-2]
+        stop = start + key_states.shape[-2]
+        if keys is not self._exposed[0] or values is not self._exposed[1]:
+            self._reserve(keys, values, room=stop - start)
+        elif stop > self._key_buffer.shape[-2]:
+            self._reserve(keys, values, room=max(stop - start, start))
+        self._key_buffer[:, :, start:stop] = key_states
+        self._value_buffer[:, :, start:stop] = value_states
+        return self._expose(stop)
+
+    def as_dynamic(self) -> DynamicLayer:
+        """A plain `DynamicLayer` holding a copy of what this one holds."""
+        layer = DynamicLayer()  # type: ignore[no-untyped-call]
+        layer.update(*(held.contiguous() for held in self._exposed))
+        return layer
+
+    def _expose(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self._exposed = (self._key_buffer[:, :, :length], self._value_buffer[:, :, :length])
+        self.keys, self.values = self._exposed
+        return self._exposed
+
+    def _reserve(self, keys: torch.Tensor, values: torch.Tensor, room: int) -> None:
+        length = keys.shape[-2]
+        for name, held in (("_key_buffer", keys), ("_value_buffer", values)):
+            batch, heads, _, dim = held.shape
+            buffer = held.new_empty((batch, heads, length + room, dim))
+            buffer[:, :, :length] = held
+            setattr(self, name, buffer)
 
 
 def _read_weights(weights: WeightsSource) -> Mapping[str, torch.Tensor]:
@@ -312,6 +381,8 @@ class TransformersBackend:
 
     The backend owns ``model``: it puts it in eval mode and replaces its ``generation_config``.
     ``eos_token_ids`` overrides the end-of-sequence ids (default: generation config + tokenizer EOS).
+    ``share_prompt=False`` reads each prompt once per completion and ``reserve_cache=False`` lets the
+    shared prompt cache grow by concatenation: both only for comparisons (tests, benches).
     """
 
     def __init__(
@@ -323,6 +394,7 @@ class TransformersBackend:
         model_version: int = 0,
         quantization: str = "",
         share_prompt: bool = True,
+        reserve_cache: bool = True,
     ) -> None:
         if quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
@@ -343,6 +415,7 @@ class TransformersBackend:
         self._stop_criteria: dict[tuple[str, ...], StopStringCriteria] = {}
         self._quantization = quantization
         self._share_prompt = share_prompt
+        self._reserve_cache = reserve_cache
         self._sampling_model = self._approximated()
 
     def _approximated(self) -> PreTrainedModel:
@@ -428,7 +501,18 @@ class TransformersBackend:
             rng = torch.random.fork_rng(devices=_cuda_devices(device)) if per_prompt else nullcontext()
             copies = params.num_samples
             shared = self._share_prompt and input_ids.shape[1] > 1
-            cache = _prompt_cache(self._sampling_model, prompts, input_ids, mask, copies) if shared else None
+            cache = (
+                _prompt_cache(
+                    self._sampling_model,
+                    prompts,
+                    input_ids,
+                    mask,
+                    copies=copies,
+                    room=params.max_new_tokens if self._reserve_cache else None,
+                )
+                if shared
+                else None
+            )
             with rng:
                 # PreTrainedModel has no generate(); *ForCausalLM classes mix it in (checked below).
                 sequences = cast(Any, self._sampling_model).generate(

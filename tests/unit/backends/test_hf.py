@@ -7,9 +7,16 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
-from transformers import MistralConfig, MistralForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    DynamicLayer,
+    MistralConfig,
+    MistralForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from sapo.backends import GenerationBackend, Sample, SamplingConfig, TransformersBackend
+from sapo.backends.hf import ReservedLayer
 from sapo.models import build_tiny_model, load_model
 from sapo.models.tiny import TinySpec, tiny_config
 
@@ -298,7 +305,8 @@ def test_prompts_read_once_sample_what_prompts_read_per_row_sample(
 ) -> None:
     """The shared prompt cache is an optimisation only: the same tokens, the same logprobs (up to the
     floating-point differences of other batch shapes), for left-padded prompts down to one token, whether
-    each prompt is read alone (Llama) or the batch padded (cache layers that keep a window).
+    each prompt is read alone (Llama) or the batch padded (cache layers that keep a window), with room
+    reserved in the cache or not.
     (Not so for int8-dynamic rollouts, whose activation scales follow every call's batch anyway.)"""
 
     def build() -> PreTrainedModel:
@@ -306,12 +314,71 @@ def test_prompts_read_once_sample_what_prompts_read_per_row_sample(
 
     params = SamplingConfig(max_new_tokens=10, num_samples=3, seed=5)
     batch = [*prompts, prompts[1][-1:]]
-    made = {
-        share: TransformersBackend(build(), tokenizer, share_prompt=share).generate(batch, params)
-        for share in (True, False)
+    per_row = TransformersBackend(build(), tokenizer, share_prompt=False).generate(batch, params)
+    for reserve in (True, False):
+        shared = TransformersBackend(build(), tokenizer, reserve_cache=reserve).generate(batch, params)
+        assert [[s.token_ids for s in g] for g in shared] == [[s.token_ids for s in g] for g in per_row]
+        assert [[s.finish_reason for s in g] for g in shared] == [
+            [s.finish_reason for s in g] for g in per_row
+        ]
+        for a, b in zip((s for g in shared for s in g), (s for g in per_row for s in g), strict=True):
+            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)
+
+
+def _states(batch: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random keys and values: `batch` rows, 2 heads, `length` positions, head size 4."""
+    generator = torch.Generator().manual_seed(seed)
+    keys = torch.randn(batch, 2, length, 4, generator=generator)
+    return keys, torch.randn(batch, 2, length, 4, generator=generator)
+
+
+def test_reserved_layer_stacks_right_aligned_repeated_prompts_as_padding_and_repeat_would() -> None:
+    parts: list[DynamicLayer | None] = []
+    for length in (3, 5):
+        layer = DynamicLayer()  # type: ignore[no-untyped-call]
+        layer.update(*_states(1, length, seed=length))
+        parts.append(layer)
+    parts.append(None)  # a one-token prompt: nothing before its last token
+    stacked = ReservedLayer.stacked(parts, width=5, copies=2, room=3)
+    expected = {
+        name: torch.cat(
+            [
+                torch.zeros(1, 2, 5, 4)
+                if p is None
+                else torch.nn.functional.pad(getattr(p, name), (0, 0, 5 - getattr(p, name).shape[2], 0))
+                for p in parts
+            ]
+        ).repeat_interleave(2, dim=0)
+        for name in ("keys", "values")
     }
-    shared, per_row = made[True], made[False]
-    assert [[s.token_ids for s in g] for g in shared] == [[s.token_ids for s in g] for g in per_row]
-    assert [[s.finish_reason for s in g] for g in shared] == [[s.finish_reason for s in g] for g in per_row]
-    for a, b in zip((s for g in shared for s in g), (s for g in per_row for s in g), strict=True):
-        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)
+    torch.testing.assert_close(stacked.keys, expected["keys"], rtol=0, atol=0)
+    torch.testing.assert_close(stacked.values, expected["values"], rtol=0, atol=0)
+    assert stacked.get_seq_length() == 5
+
+
+@pytest.mark.parametrize("disturb", ["none", "crop", "reorder", "reset"])
+def test_reserved_layer_holds_what_a_dynamic_layer_holds_past_its_room_and_after_replacements(
+    disturb: str,
+) -> None:
+    """Updates write in place while there is room; past it, or after an inherited method replaced the
+    keys and values, the layer reserves again and still returns exactly what concatenation would."""
+    reference = DynamicLayer()  # type: ignore[no-untyped-call]
+    keys, values = _states(3, 4, seed=0)
+    reference.update(keys, values)
+    room = torch.zeros(3, 2, 2, 4)
+    reserved = ReservedLayer(torch.cat([keys, room], dim=2), torch.cat([values, room], dim=2), length=4)
+    for step in range(7):
+        if step == 3:
+            for layer in (reference, reserved):
+                if disturb == "crop":
+                    layer.crop(-2)
+                elif disturb == "reorder":
+                    layer.reorder_cache(torch.LongTensor([2, 0, 1]))
+                elif disturb == "reset":
+                    layer.reset()
+        new = _states(3, 1 + step % 2, seed=10 + step)
+        got = reserved.update(*new)
+        want = reference.update(*new)
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        assert reserved.get_seq_length() == reference.get_seq_length()
