@@ -71,7 +71,7 @@ class MemoryConsumerClient:
 
     def __init__(self, bus: MemoryBus, group_id: str) -> None:
         self._bus = bus
-        self._group = group_id
+        self.group_id = group_id
         self._positions: dict[TopicPartition, int] = {}
         self._stored: dict[TopicPartition, int] = {}
 
@@ -81,7 +81,7 @@ class MemoryConsumerClient:
         tps = [(t, 0) for t in topics]
         starts = on_assign(tps)
         for tp in tps:
-            self._positions[tp] = starts.get(tp, self._bus.committed.get((self._group, tp), 0))
+            self._positions[tp] = starts.get(tp, self._bus.committed.get((self.group_id, tp), 0))
 
     def poll(self, timeout: float) -> Record | None:
         for tp, pos in self._positions.items():
@@ -97,7 +97,7 @@ class MemoryConsumerClient:
 
     def commit(self) -> None:
         for tp, offset in self._stored.items():
-            self._bus.committed[(self._group, tp)] = offset
+            self._bus.committed[(self.group_id, tp)] = offset
 
     def offset_bounds(
         self, tps: Sequence[TopicPartition], timeout_s: float

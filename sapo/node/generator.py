@@ -192,7 +192,7 @@ class GeneratorService:
                 if self._held and time.monotonic() - warned > _WARN_EVERY_S:
                     warned = time.monotonic()
                     self._log_waiting()
-                self._follower.poll(_WAIT_POLL_S)
+                self._wait()
         finally:
             self.close()
         log.info("generator stopped after %d groups", self.generated)
@@ -248,6 +248,17 @@ class GeneratorService:
             seconds,
         )
         return groups
+
+    def _wait(self) -> None:
+        """Block (up to `_WAIT_POLL_S`) on the stream that can let the next step run: the policy topic
+        while held items wait for a version, else the work topic. The trainer announces a version
+        before it plans that round's work, so waiting on the policy alone let a generator that had
+        loaded the version sleep out the whole wait while the round's work sat fetched (~0.5 s in
+        three of five rounds of a 2-node warm:0 swarm at ~2.9 s per round)."""
+        if self._held:
+            self._follower.poll(_WAIT_POLL_S)
+        else:
+            self.work.step(_WAIT_POLL_S)
 
     def _read_work(self) -> None:
         """Take every work item already fetched (bounded), without waiting."""

@@ -14,6 +14,8 @@ from sapo import wire
 from sapo.backends import Sample, TransformersBackend
 from sapo.generator import Item, group_id
 from sapo.identity import NodeKey, Sender, TrustStore
+from sapo.kafka import Record
+from sapo.kafka.memory import MemoryConsumerClient
 from sapo.models import build_tiny_model
 from sapo.tasks import EASY_PROFILE, TaskStream, prompt_ids
 from sapo.v1 import rollout_pb2
@@ -147,6 +149,32 @@ def test_lockstep_items_wait_for_their_version_and_are_stamped_with_it(
     rounds = [(g.round, g.policy_version) for g in _groups(gen, gen.topics.rollouts)]
     assert rounds == [(0, 0)] * 2 + [(1, 1)] * 2
     assert [version for _, _, version in backend.calls] == [0, 1]
+
+
+def test_an_idle_generator_waits_on_the_stream_that_can_unblock_it(
+    tokenizer: PreTrainedTokenizerBase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With nothing held it waits on the work topic (a trainer announces a version, then plans that
+    round's work); while held items wait for a version, on the policy topic."""
+    waits: list[str] = []
+    poll = MemoryConsumerClient.poll
+
+    def recording(client: MemoryConsumerClient, timeout: float) -> Record | None:
+        if timeout > 0:
+            waits.append(client.group_id)
+        return poll(client, timeout)
+
+    monkeypatch.setattr(MemoryConsumerClient, "poll", recording)
+    gen = memory_generator(settings(), ScriptedBackend(tokenizer))
+    plan(gen, 0)
+    _run_idle(gen)
+    assert gen.core.generated == 2
+    assert waits and set(waits) == {"generator"}
+    waits.clear()
+    plan(gen, 1)  # round 1 needs version 1, which no trainer announced
+    _run_idle(gen)
+    assert gen.core.generated == 2
+    assert waits and set(waits) == {"generator-policy"}
 
 
 def test_async_items_run_up_to_max_ahead_versions_ahead(tokenizer: PreTrainedTokenizerBase) -> None:
