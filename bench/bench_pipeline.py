@@ -67,6 +67,19 @@ nodes, 3 rounds, one repeat in turn: services 66.6, in process 61.0 s per round,
 15.3 CPU s of the services' 329): with ~30 s of model work per node-round the fixed cost is not the
 ~1% the profile's CPU split suggested, and this window (2 round intervals) is short.
 
+Then generators kept room in the prompt cache (1.49x faster 135M sampling, work both modes share)
+and an idle generator waited on its work topic instead of the policy topic (it had slept out 0.5 s
+polls in three of five warm:0 rounds while the round's work sat fetched). Same day, a slower host
+(the in-process runs took 5.4-5.6 s per round where they took 4.4-5.0 before): `--side-by-side
+--repeats 3` per repeat 1.373 / 1.531 / 1.491, medians +49.1% (FAIL; services 161-193 CPU s, broker
+8.9-11.4). The 135M model, 2 nodes, 3 rounds, in turn: services 72.3, in process 56.5 s per round,
++27.9% (FAIL; services 312 CPU s, 17 fewer than before, broker 15.8): the in-process round got 4.5 s
+shorter, the services' 5.7 s longer on a 2-interval window of a drifting host, so read the CPU
+seconds. `profile_round.py --model bundled:smollm2-135m-instruct --nodes 2 --rounds 3` (before the
+two changes; `results/profile-135m`) put the services' own cost at ~9.6 CPU s per round: the broker
+5.5 (the idle fetches of 17 consumers, every 200 or 500 ms, over a ~70 s round), the trainers'
+checkpoint writes and digests 1.6, the samplers' loop 1.2, other threads 1.0.
+
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_pipeline.py [--model warm:0] [--nodes 4] [--rounds 10]
         [--repeats 2] [--one-wait | --side-by-side]
 
