@@ -119,6 +119,13 @@ record, now a heap: `sapo.kafka.records.Watermarks`). Same code, the idle machin
 - 10,000 nodes x 2 groups: raw ~40k, lazy ~21k msgs/s: 0.456 x paired (FAIL), 0.520 by medians,
   0.531 by CPU. One lazy sampler reads 2.6 x the 8,000 groups/s of 10,000 nodes.
 
+Re-run later on a slower day (raw 22-26 us of CPU per message where it took 18-21), no sampler
+change since: 1,000 nodes lazy 0.427 x paired (50.8 us CPU, 0.486 by CPU); 10,000 nodes 0.312 x
+(63.6 us, 0.346 by CPU; one lazy sampler reads 2.1 x the 8,000 groups/s). In the same hour the
+code of the 0.456 run above read 0.488 x at 10,000 nodes (45.7 us) and the next commit (a metrics
+lookup, no per-message work added) 0.429 x (57.7 us): run to run the lazy path's CPU per message
+moves by a third here, so a change smaller than that needs interleaved A/B runs to show.
+
     .venv/bin/python bench/bench_sampler.py [--nodes 1000] [--groups-per-node 20] [--rounds 5]
 """
 
