@@ -237,17 +237,16 @@ def side_by_side(
 
     starter = threading.Thread(target=start_when_trained, daemon=True)
     starter.start()
+    measured = False
     try:
         services = measure("kafka", kafka, manifest, kafka_dir)
-    except BaseException:
+        measured = True
+    finally:
         done.set()
-        starter.join()
-        for child in children:  # no orphan left computing on the other CPU
+        starter.join()  # before any kill: no child starts after it
+        for child in [] if measured else children:  # no orphan left computing on the other CPU
             child.kill()
             child.wait()
-        raise
-    done.set()
-    starter.join()
     if not children:
         raise SystemExit(f"the services trained no version; see {kafka_dir / 'run.log'}")
     if (code := children[0].wait()) != 0:
