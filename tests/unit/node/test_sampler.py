@@ -21,7 +21,7 @@ from sapo.lifecycle import StopFlag
 from sapo.node.identity import IdentityGate, IdentityMetrics, KeysFollower
 from sapo.node.metrics import SamplerMetrics
 from sapo.node.recovery import read_history
-from sapo.node.sampler import SamplerService
+from sapo.node.sampler import IDLE_WAIT_MAX_S, IDLE_WAIT_S, SamplerService
 from sapo.ops import Health
 from sapo.sampler.settings import SamplerSettings
 from sapo.topics import TopicNames
@@ -53,15 +53,22 @@ class LosableClient(MemoryConsumerClient):
 class Node:
     """One sampler core on a shared bus; `restart()` builds a fresh one as a restarted process would."""
 
-    def __init__(self, bus: MemoryBus, trust: TrustStore | None = None, **settings: object) -> None:
+    def __init__(
+        self,
+        bus: MemoryBus,
+        trust: TrustStore | None = None,
+        stop: StopFlag | None = None,
+        **settings: object,
+    ) -> None:
         self.bus = bus
+        self.stop = stop
         self.settings = SamplerSettings(node_id=NODE, **settings)  # type: ignore[arg-type]
         self.registry = CollectorRegistry()
         self.trust = trust
         self.service = self._build()
 
     def _build(self) -> SamplerService:
-        stop = StopFlag()
+        stop = self.stop or StopFlag()
         history = read_history(
             MemoryConsumerClient(self.bus, f"recovery-{id(self)}-{len(self.bus.topics)}"),
             TOPICS.batches,
@@ -142,6 +149,32 @@ def publish(bus: MemoryBus, topic: str, group: rollout_pb2.RolloutGroup, key: No
 
 def _record_cycle() -> itertools.cycle[int]:
     return itertools.cycle(range(len(RECORDS)))
+
+
+class PauseLog(StopFlag):
+    """A stop flag that is never set and records each pause instead of sleeping it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pauses: list[float] = []
+
+    def wait(self, timeout: float) -> bool:
+        self.pauses.append(timeout)
+        return False
+
+
+def test_an_idle_sampler_pauses_longer_each_step_and_a_record_resets_the_pause() -> None:
+    bus = MemoryBus()
+    stop = PauseLog()
+    node = Node(bus, stop=stop, round_mode="async")
+    for _ in range(5):
+        assert not node.service.step()
+    publish(bus, TOPICS.rollouts, real_group(RECORDS[0], NODE))
+    assert node.service.step()
+    assert not node.service.step()
+    doubling = [IDLE_WAIT_S * 2**i for i in range(5)]
+    assert stop.pauses == [min(p, IDLE_WAIT_MAX_S) for p in doubling] + [IDLE_WAIT_S]
+    assert IDLE_WAIT_MAX_S in stop.pauses  # the pause is bounded, and reached within five steps
 
 
 def test_async_batches_mix_local_and_external_and_reject_bad_input() -> None:
