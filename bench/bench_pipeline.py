@@ -80,6 +80,19 @@ two changes; `results/profile-135m`) put the services' own cost at ~9.6 CPU s pe
 5.5 (the idle fetches of 17 consumers, every 200 or 500 ms, over a ~70 s round), the trainers'
 checkpoint writes and digests 1.6, the samplers' loop 1.2, other threads 1.0.
 
+Then the consumer loop stored offsets only when a finish moved them (a sampler's refused records had
+each stored unchanged positions), `local_swarm` watchers fetched every 1.5 s instead of 500 ms, and
+an idle sampler backed its pause off from 20 to 100 ms (an idle sampler process: 15-16 -> 6.3 ms of
+CPU a second; every wake-up costs ~0.1-0.15 ms on this VM). Idle machine, `--side-by-side
+--repeats 2`: with the first two changes 1.444 / 1.505, +47.5% (services 148-150 CPU s, broker
+7.1-7.7); with all three 1.443 / 1.466, +45.5% (146-162 CPU s, broker 6.3-8.7): FAIL, within the
+noise. The 135M model, 2 nodes, 3 rounds, in turn: with the first two changes services 66.6, in
+process 54.3 s per round, +22.7% (services 276 CPU s, broker 11.3; in process 190 against 201
+before, so the host was ~5% faster: the services' CPU beyond the in-process run's went 111 -> 86 s);
+with all three, right after the side-by-side runs, services 68.9, in process 63.0 s per round: +9.4%
+(FAIL; services 296 CPU s, broker 12.4, in process 218: a slower spell of the host; beyond the
+in-process run's, 78 CPU s). A 2-interval window on a drifting host: read the CPU seconds.
+
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_pipeline.py [--model warm:0] [--nodes 4] [--rounds 10]
         [--repeats 2] [--one-wait | --side-by-side]
 
