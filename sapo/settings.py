@@ -144,11 +144,11 @@ class ConsumerProfile(BaseModel):
         models, and each fetch costs the broker about half a millisecond of CPU (more per partition it
         names) even when it returns nothing; a lock-step round waits on three hops, so the longer wait
         costs ~0.2 s of latency a round and saves more CPU than that (bench_pipeline.py, 4 nodes on one
-        CPU: 7.58 s per round against 8.41 at 50 ms). The watchers (the leases, the sampler's view of
-        its trainer, the launcher's recorder: 3 of a node's 8, and the recorder) hold no round up, and
-        the watch wait stays below `lease_read_idle_s` (2 s), how long a lease reader waits for a
-        record before it counts the topic as read. Tests keep `local()`: few consumers, and latency
-        is their wall time."""
+        CPU: 7.58 s per round against 8.41 at 50 ms). The watchers (a node's two leases and its
+        sampler's view of its trainer, 3 of its 8 consumers, and the launcher's recorder) hold no
+        round up, and the watch wait stays below `lease_read_idle_s` (2 s), how long a lease reader
+        waits for a record before it counts the topic as read. Tests keep `local()`: few consumers,
+        and latency is their wall time."""
         return cls.local().model_copy(update={"fetch_wait_max_ms": 200, "watch_fetch_wait_max_ms": 1500})
 
     @classmethod
