@@ -135,7 +135,8 @@ stores per 200,000 records -> 11).
 The idle machine, 5 rounds each: 1,000 nodes x 20: raw ~48k msgs/s (23.9 us CPU), lazy ~29k (38.4
 us): 0.563 x paired, 0.600 by medians, 0.622 by CPU: PASS. 10,000 nodes x 2: raw ~50k (22.7 us),
 lazy ~27k (39.6 us): 0.465 x paired (FAIL), 0.542 by medians, 0.572 by CPU; one lazy sampler reads
-3.4 x the 8,000 groups/s of 10,000 nodes. Lazy passes of the same code read either ~36 or ~50-60 us
+3.4 x the 8,000 groups/s of 10,000 nodes. Again in a slower spell (raw 27.0 us): 0.471 x paired
+(FAIL), 0.535 by CPU. Lazy passes of the same code read either ~36 or ~50-60 us
 of CPU per message from one pass to the next, with the collector on or off: the spread is the
 host's, and the paired ratio at 10,000 nodes sits across the target with it.
 
