@@ -157,6 +157,7 @@ build() {
     buildah config \
         --env PATH=/opt/sapo/bin:/usr/local/bin:/usr/bin:/bin \
         --env PYTHONUNBUFFERED=1 --env PYTHONDONTWRITEBYTECODE=1 \
+        --env GLIBC_TUNABLES=glibc.malloc.hugetlb=1 \
         --env HOME=/home/sapo \
         --env XDG_CACHE_HOME="$CACHE" --env SAPO_CACHE_DIR="$CACHE/sapo-swarm" \
         --env HF_HOME="$CACHE/huggingface" --env HF_HUB_DISABLE_TELEMETRY=1 \

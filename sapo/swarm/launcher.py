@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from sapo.broker import EmbeddedBroker
+from sapo.malloc import with_malloc_tunable
 from sapo.settings import ConsumerProfile
 from sapo.swarm.manifest import (
     NodeSpec,
@@ -176,6 +177,7 @@ class Swarm:
         env["PYTHONUNBUFFERED"] = "1"
         # Many processes share few cores: torch's default thread pool per process oversubscribes them.
         env.setdefault("OMP_NUM_THREADS", "1")
+        env = with_malloc_tunable(env)  # huge pages for torch's per-step tensors (sapo.malloc)
         log_path = self.run_dir / "logs" / f"{name}.log"
         with log_path.open("ab") as log:
             proc = subprocess.Popen(

@@ -14,6 +14,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from sapo.malloc import MALLOC_TUNABLE
 from tests.deploy.helm import ROOT, deployment, env_of, render
 
 pytestmark = pytest.mark.unit
@@ -72,6 +73,9 @@ def test_dockerfiles_match_the_chart_and_the_image_script(dockerfile: str) -> No
     for name in CACHE_VARIABLES:
         assert env[name] == chart[name], name
         assert f'--env {name}="$CACHE' in IMAGE_SH.read_text() or name == "XDG_CACHE_HOME"
+    # Huge pages for torch's per-step tensors (sapo.malloc): the loader reads it before any of our code.
+    assert env["GLIBC_TUNABLES"] == MALLOC_TUNABLE
+    assert f"--env GLIBC_TUNABLES={MALLOC_TUNABLE} " in IMAGE_SH.read_text()
     if dockerfile == "Dockerfile.cpu":
         assert text.index("requirements-cpu.lock") < text.index("COPY sapo sapo")
 

@@ -3,6 +3,7 @@ with SIGKILL mid-round and restarted), and a second trainer and sampler fenced b
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 import urllib.request
@@ -13,6 +14,7 @@ from typing import TypeVar
 import pytest
 from google.protobuf.message import Message
 
+from sapo.malloc import with_malloc_tunable
 from sapo.settings import ConsumerProfile
 from sapo.swarm.launcher import ServiceProcess, Swarm
 from sapo.swarm.manifest import Service, parse_manifest
@@ -97,6 +99,9 @@ def test_three_replicas_share_the_rounds_and_survive_a_sigkill(
         swarm.start()
         generators = [p for p in swarm.processes if p.service == "generator"]
         assert len(generators) == 3
+        environ = Path(f"/proc/{generators[0].proc.pid}/environ").read_bytes().split(b"\0")
+        tunables = with_malloc_tunable(os.environ)["GLIBC_TUNABLES"]  # huge pages for torch (sapo.malloc)
+        assert f"GLIBC_TUNABLES={tunables}".encode() in environ
         _wait(lambda: _versions(swarm, "node-a") >= 1, 240, "round 0 trained")
         victim = generators[1]
         victim.proc.send_signal(signal.SIGKILL)  # mid-round 1: its items are re-delivered to the others
