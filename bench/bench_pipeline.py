@@ -93,6 +93,22 @@ with all three, right after the side-by-side runs, services 68.9, in process 63.
 (FAIL; services 296 CPU s, broker 12.4, in process 218: a slower spell of the host; beyond the
 in-process run's, 78 CPU s). A 2-interval window on a drifting host: read the CPU seconds.
 
+Then a per-thread CPU count of the 4-node services run (/proc, 45 s after start-up) showed where the
+gap sits: the generators' and trainers' main threads 94% of the pinned CPU, the broker 4-5%, the
+samplers 2%. The same generation call and training step (`TransformersBackend.generate`,
+`Trainer.apply`, timed with the process's CPU clock in both modes) cost ~1.3x the CPU in the
+services, where a generation call faulted in ~84,000 pages against ~30,000 in process. The services
+(and this script, which restarts itself with it so that the in-process run allocates alike) now
+start with `GLIBC_TUNABLES=glibc.malloc.hugetlb=1` (`sapo/malloc.py`): ~700 faults a call, and in
+services-only runs interleaved with and without it 7.07-7.28 against 7.71-7.91 s per round.
+`--side-by-side --repeats 2`: 1.341 / 1.456, +39.9% (FAIL; services 142-144 CPU s, broker 6.7-7.2).
+The calls still take ~1.2-1.3x their in-process CPU with 4 nodes (with 2 nodes a generation call
+took +3%), for a reason not found: not co-running model processes (three generation loops beside an
+in-process run on its CPU: +3% a call), not wake-up preemption (every process SCHED_BATCH: no
+change). The 135M model, 2 nodes, 3 rounds, in turn: services 69.7, in process 53.9 s per round,
++29.2% (FAIL; services 289 CPU s, broker 12.9, in process 190): no gain visible in one run on this
+window.
+
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_pipeline.py [--model warm:0] [--nodes 4] [--rounds 10]
         [--repeats 2] [--one-wait | --side-by-side]
 
@@ -118,6 +134,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sapo.experiment.plan import load_scenario, manifest_data, select
+from sapo.malloc import restart_with_malloc_tunable
 from sapo.settings import ConsumerProfile
 from sapo.swarm.history import STEPS_DIR, read_rows
 from sapo.swarm.inprocess import run_inprocess
@@ -294,6 +311,7 @@ def main() -> int:
     )
     parser.add_argument("--inprocess-into", type=Path, help=argparse.SUPPRESS)  # --side-by-side's child
     args = parser.parse_args()
+    restart_with_malloc_tunable()  # the in-process run allocates as the launcher's services do
     if args.rounds < 2 or args.nodes < 1 or args.repeats < 1:
         parser.error(
             "--rounds must be >= 2 (the window spans version 1 to the last), --nodes and --repeats >= 1"
