@@ -107,7 +107,10 @@ took +3%), for a reason not found: not co-running model processes (three generat
 in-process run on its CPU: +3% a call), not wake-up preemption (every process SCHED_BATCH: no
 change). The 135M model, 2 nodes, 3 rounds, in turn: services 69.7, in process 53.9 s per round,
 +29.2% (FAIL; services 289 CPU s, broker 12.9, in process 190): no gain visible in one run on this
-window.
+window. Timed per call in a later pair of the same runs: generation 15.3 against 15.0 s a call, a
+training step 16.2 against 15.4 s, 57.3 against 56.3 s per round (+1.7%): the in-turn 2-interval
+window moves with the host by more than the target. `--side-by-side --rounds 4` on 135M: services
+64.9, in process 55.5 s per round, +16.8% (FAIL; services 335 CPU s, broker 14.4, in process 243).
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_pipeline.py [--model warm:0] [--nodes 4] [--rounds 10]
         [--repeats 2] [--one-wait | --side-by-side]
