@@ -13,9 +13,8 @@ without and with it: 4.75 -> 4.35 s per round.
 
 The dynamic loader reads the tunable when a process starts, so it goes into the environment of the
 processes the project starts (the launcher's services, the container images); a running process
-cannot turn it on. Where transparent huge pages are off (`never` in
-/sys/kernel/mm/transparent_hugepage/enabled) or the C library is not glibc (2.35 or later), it does
-nothing.
+cannot turn it on. It does nothing where transparent huge pages are off (`never` in
+/sys/kernel/mm/transparent_hugepage/enabled) or the C library is not glibc 2.35 or later.
 """
 
 from __future__ import annotations
