@@ -16,8 +16,10 @@ How a batch is laid out and read back:
   their samples were never independent of the batch (activation scales are computed per call).
 - The stacked cache keeps room for the completion (`ReservedLayer`), so a decode step writes its
   position in place instead of copying every row's cache (transformers' `DynamicLayer` concatenates).
-- Behaviour logprobs: a logits processor placed ahead of the temperature / top-k / top-p warpers sees
-  the raw logits of each step and keeps ``logits / T`` with its log-normaliser; a stopping criterion,
+- Behaviour logprobs: the logits processor sees the raw logits of each step (ahead of any
+  temperature / top-k / top-p warping) and keeps what gives ``log_softmax(logits / T)`` of a token
+  (``_RowSampler`` for seeded batches, which draws as well; ``_TemperedLogits``, ahead of
+  ``generate``'s own warpers, for unseeded ones); a stopping criterion,
   which ``generate`` calls right after the sampled token is appended, gathers the chosen token's
   ``log_softmax(logits / T)``. Only one step of full-vocabulary logits is alive at a time (storing them
   all with ``output_logits`` would hold B*L*T*V floats: ~0.8 GB for 8x8 prompts and 64 tokens).
@@ -101,7 +103,8 @@ def quantize_int8_dynamic(model: PreTrainedModel) -> PreTrainedModel:
 
 
 class _TemperedLogits(LogitsProcessor):
-    """Keeps the current step's ``logits / T`` and log-normaliser; leaves the scores untouched."""
+    """Keeps the current step's ``logits / T`` and log-normaliser; leaves the scores untouched (the
+    behaviour log-probs of an unseeded batch, which ``generate`` draws itself)."""
 
     def __init__(self, temperature: float) -> None:
         self.temperature = temperature
@@ -122,8 +125,16 @@ class _TemperedLogits(LogitsProcessor):
 
 class _RowSampler(LogitsProcessor):
     """Samples each row from its own seeded generator and returns the choice as one-hot scores (0 for
-    the chosen token, -inf elsewhere), so ``generate``'s own draw can only take it. Tempering and the
-    top-k / top-p cut-offs happen here, in the order ``generate`` would apply them."""
+    the chosen token, -inf elsewhere), so ``generate``'s own pick can only take it. Tempering and the
+    top-k / top-p cut-offs happen here, in the order ``generate`` would apply them. Also the seeded
+    batch's source of behaviour log-probs (``log_softmax(logits / T)``, before any cut-off).
+
+    Without cut-offs (the default sampling) one buffer serves the draw and the log-normaliser:
+    ``exp((logits - max) / T)``, cumulated in place, ends each row with the normaliser's sum, and then
+    holds the one-hot result. A decode step costs a handful of passes over the (rows, vocabulary)
+    logits, where tempering, log-sum-exp, softmax, cumulative sum and a fresh one-hot tensor took about
+    twice as many (64 rows x 49k tokens, one thread: ~20 ms against ~44 ms a step, most of a small
+    model's decode step)."""
 
     def __init__(self, seeds: Sequence[int], params: SamplingConfig) -> None:
         self._generators = [torch.Generator().manual_seed(s) for s in seeds]
@@ -133,19 +144,43 @@ class _RowSampler(LogitsProcessor):
         if params.top_p < 1.0:
             self._warpers.append(TopPLogitsWarper(params.top_p))
         self._temperature = params.temperature
+        # This step's logits, and what `logprob_of` subtracts: (logit - shift) / T - log_norm.
+        self._scores: torch.Tensor | None = None
+        self._shift: torch.Tensor | float = 0.0
+        self._log_norm: torch.Tensor | None = None
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        warped = scores / self._temperature
-        for warper in self._warpers:
-            warped = warper(input_ids, warped)
-        cdf = torch.softmax(warped.float(), dim=-1).cumsum(dim=-1).cpu()
-        if not torch.isfinite(cdf[:, -1]).all():  # diverged weights: fail as torch.multinomial would
+        logits, temperature = scores.float(), self._temperature
+        if self._warpers:
+            warped = logits / temperature
+            for warper in self._warpers:
+                warped = warper(input_ids, warped)
+            cdf = torch.softmax(warped, dim=-1).cumsum_(dim=-1)
+            self._shift, self._log_norm = 0.0, torch.logsumexp(logits / temperature, dim=-1)
+        else:
+            peak = logits.amax(dim=-1, keepdim=True)
+            cdf = torch.sub(logits, peak)
+            if temperature != 1.0:
+                cdf.mul_(1.0 / temperature)
+            cdf.exp_().cumsum_(dim=-1)
+            self._shift, self._log_norm = peak, cdf[:, -1].log()
+        self._scores = logits
+        totals = cdf[:, -1].cpu()
+        if not torch.isfinite(totals).all():  # diverged weights: fail as torch.multinomial would
             raise RuntimeError("probability tensor contains either inf, nan or element < 0")
         draws = torch.cat([torch.rand(1, generator=g) for g in self._generators])
-        chosen = torch.searchsorted(cdf, (draws * cdf[:, -1])[:, None]).clamp_max(cdf.shape[1] - 1)
-        one_hot = torch.full_like(scores, float("-inf"))
-        one_hot.scatter_(1, chosen.to(scores.device), 0.0)
+        on_cpu = cdf.cpu()  # the generators draw on the CPU; a no-op there
+        chosen = torch.searchsorted(on_cpu, (draws * totals)[:, None]).clamp_max(cdf.shape[1] - 1)
+        one_hot = cdf if cdf.dtype == scores.dtype else torch.empty_like(scores)
+        one_hot.fill_(float("-inf")).scatter_(1, chosen.to(scores.device), 0.0)
         return one_hot  # type: ignore[return-value]
+
+    def logprob_of(self, chosen: torch.Tensor) -> torch.Tensor:
+        """``log_softmax(logits / T)`` of the chosen token in each row."""
+        if self._scores is None or self._log_norm is None:
+            raise RuntimeError("no logits recorded for this step")
+        picked = self._scores.gather(1, chosen[:, None])
+        return ((picked - self._shift) / self._temperature).squeeze(1) - self._log_norm
 
 
 class _CompletionTracker(StoppingCriteria):
@@ -153,7 +188,7 @@ class _CompletionTracker(StoppingCriteria):
 
     def __init__(
         self,
-        logits: _TemperedLogits,
+        logits: _TemperedLogits | _RowSampler,
         prompt_width: int,
         eos_ids: torch.Tensor,
         stop_strings: StopStringCriteria | None,
@@ -483,12 +518,13 @@ class TransformersBackend:
         device = self._model.device
         input_ids, mask = left_pad(prompts, self._pad_id, device)
         rows = len(prompts) * params.num_samples
-        logits = _TemperedLogits(params.temperature)
-        processors: list[LogitsProcessor] = [logits]
         per_prompt = prompt_seeds(params, len(prompts), seeds)
+        logits: _TemperedLogits | _RowSampler
         if per_prompt is not None:
             row_seeds = [sample_seed(s, j) for s in per_prompt for j in range(params.num_samples)]
-            processors.append(_RowSampler(row_seeds, params))
+            logits = _RowSampler(row_seeds, params)
+        else:
+            logits = _TemperedLogits(params.temperature)
         tracker = _CompletionTracker(
             logits,
             input_ids.shape[1],
@@ -522,7 +558,7 @@ class TransformersBackend:
                     generation_config=self._generation_config(
                         params, seeded=per_prompt is not None, copies=1 if shared else copies
                     ),
-                    logits_processor=LogitsProcessorList(processors),
+                    logits_processor=LogitsProcessorList([logits]),
                     stopping_criteria=StoppingCriteriaList([tracker]),
                 )
         except RuntimeError as exc:  # NaN/inf probabilities from diverged weights, out of memory

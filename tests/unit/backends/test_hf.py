@@ -16,7 +16,7 @@ from transformers import (
 )
 
 from sapo.backends import GenerationBackend, Sample, SamplingConfig, TransformersBackend
-from sapo.backends.hf import ReservedLayer
+from sapo.backends.hf import ReservedLayer, _RowSampler
 from sapo.models import build_tiny_model, load_model
 from sapo.models.tiny import TinySpec, tiny_config
 
@@ -78,6 +78,31 @@ def test_top_p_does_not_change_the_recorded_distribution(
         for sample in group:
             expected = teacher_forced(backend.model, prompt, sample, 1.0)
             torch.testing.assert_close(torch.tensor(sample.logprobs), expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_seeded_draw_picks_what_an_inverse_cdf_over_the_tempered_softmax_picks(temperature: float) -> None:
+    """The seeded draw without cut-offs (one buffer: exp((logits - max) / T), cumulated in place)
+    chooses, for the same per-row seeds, the token a plain inverse-CDF sampler over
+    softmax(logits / T) chooses, records log_softmax(logits / T) of it, and leaves the logits alone."""
+    rows, vocab = 64, 3000
+    scores = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(0)) * 4
+    original = scores.clone()
+    seeds = [1000 + row for row in range(rows)]
+    sampler = _RowSampler(seeds, SamplingConfig(max_new_tokens=1, temperature=temperature))
+    one_hot = sampler(torch.zeros((rows, 1), dtype=torch.long), scores)  # type: ignore[arg-type]
+    chosen = one_hot.argmax(dim=-1)
+
+    cdf = torch.softmax(original / temperature, dim=-1).cumsum(dim=-1)
+    draws = torch.cat([torch.rand(1, generator=torch.Generator().manual_seed(s)) for s in seeds])
+    expected = torch.searchsorted(cdf, (draws * cdf[:, -1])[:, None]).squeeze(1).clamp_max(vocab - 1)
+    assert torch.equal(chosen, expected)
+    assert torch.equal(scores, original)
+    assert bool((one_hot == 0).sum(dim=-1).eq(1).all()) and bool(
+        torch.isinf(one_hot).sum(dim=-1).eq(vocab - 1).all()
+    )
+    reference = torch.log_softmax(original / temperature, dim=-1).gather(1, chosen[:, None]).squeeze(1)
+    torch.testing.assert_close(sampler.logprob_of(chosen), reference, atol=1e-5, rtol=0)
 
 
 def test_stop_string_ends_each_sequence_at_the_token_that_completes_it(
