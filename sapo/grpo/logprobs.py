@@ -54,6 +54,10 @@ def score_targets(logits: Tensor, targets: Tensor, temperature: float) -> tuple[
     `logits[:, k]` is the distribution that `targets[:, k]` was drawn from.
 
     Rows are processed one at a time so the float32 log-softmax copy is (K, V) rather than (B, K, V).
+    Every (K, V) temporary is a pass over memory that a small model's step is mostly made of: the
+    logits are divided only when T is not 1 (the paper's and the default temperature), and the
+    entropy's sum of p * log p is a dot product, not a product tensor summed (forward and backward of
+    64 rows x 9 positions x 49k tokens, one thread: ~0.2 s against 0.33-0.5 s).
     """
     scored: list[Tensor] = []
     entropies: list[Tensor] = []
@@ -61,10 +65,11 @@ def score_targets(logits: Tensor, targets: Tensor, temperature: float) -> tuple[
     # batch-sized gradient, so the cost grew with the square of the rows (2.0 s vs 0.73 s per group
     # of 8 x 128 tokens on the 135M model).
     for row, row_logits in enumerate(logits.unbind(0)):
-        log_dist = torch.log_softmax(row_logits.float() / temperature, dim=-1)
+        tempered = row_logits.float() if temperature == 1.0 else row_logits.float() / temperature
+        log_dist = torch.log_softmax(tempered, dim=-1)
         scored.append(log_dist.gather(-1, targets[row].unsqueeze(-1)).squeeze(-1))
         with torch.no_grad():
-            entropies.append(-(log_dist.exp() * log_dist).sum(dim=-1))
+            entropies.append(-torch.linalg.vecdot(log_dist.exp(), log_dist))
     return torch.stack(scored), torch.stack(entropies)
 
 
