@@ -164,3 +164,14 @@ class KafkaPublisher:
         if remaining:
             log.warning("%d messages still undelivered after %.1fs flush", remaining, timeout_s)
         return remaining
+
+    def close(self, timeout_s: float = 10.0) -> int:
+        """Deliver what is queued (for up to `timeout_s`), drop the rest, and release the client, so that
+        no connection outlives the call (a client left to the garbage collector keeps reconnecting to
+        a broker that is gone). Returns how many messages were dropped; sending afterwards fails."""
+        remaining = self.flush(timeout_s)
+        if remaining:
+            self._producer.purge()
+            self._producer.flush(0)  # the purged messages' delivery reports: counted as failed
+        self._producer.close()
+        return remaining

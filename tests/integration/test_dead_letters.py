@@ -107,6 +107,7 @@ def test_a_dead_letter_the_producer_refuses_is_counted_and_consumption_goes_on(
     pub = KafkaPublisher({"bootstrap.servers": kafka_bootstrap})
     for value in (b"bad", b"good"):
         pub.send_sync(topic, None, value * 1000, [])
+    pub.close()
     handled: list[bytes] = []
 
     def handle(record: Record) -> Disposition:
@@ -120,7 +121,12 @@ def test_a_dead_letter_the_producer_refuses_is_counted_and_consumption_goes_on(
     metrics = TransportMetrics(registry, "dlq")
     tiny = KafkaPublisher({"bootstrap.servers": kafka_bootstrap, "message.max.bytes": "1000"}, metrics)
     loop = _loop(kafka_bootstrap, f"{topic_prefix}.g", topic, handle, DeadLetters(tiny, dlq, "test", metrics))
-    handled_before = loop.run(max_records=2, idle_timeout_s=20)
+    # The logged refusal keeps this frame, and so the client, alive as long as pytest keeps the
+    # test's log records (the whole session): closed here, it cannot outlive the broker.
+    try:
+        handled_before = loop.run(max_records=2, idle_timeout_s=20)
+    finally:
+        tiny.close()
     assert handled_before == 2
     assert handled == [b"good" * 1000]
     assert registry.get_sample_value("sapo_dlq_dead_letters_failed_total", {"kind": "too_large"}) == 1

@@ -16,7 +16,7 @@ from sapo.kafka import Disposition, KafkaPublisher, Record
 from sapo.ops import Health, OpsServer
 from sapo.v1 import rollout_pb2
 from tests.factories import make_group
-from tests.integration.kafka_helpers import consumer, create_topics, make_loop
+from tests.integration.kafka_helpers import consumer, create_topics, make_loop, read_topic
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -153,3 +153,21 @@ def test_offset_bounds_answer_for_known_partitions_and_leave_unknown_ones_out(
     finally:
         client.close()
     assert bounds == {(topic, 0): (0, 3)}
+
+
+def test_a_closed_publisher_delivered_what_it_could_and_counts_what_it_dropped(
+    kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    topic = f"{topic_prefix}.close"
+    create_topics(kafka_bootstrap, topic)
+    publisher = KafkaPublisher({"bootstrap.servers": kafka_bootstrap})
+    publisher.send(topic, b"k", b"queued")
+    assert publisher.close(timeout_s=30) == 0
+    assert [r.value for r in read_topic(kafka_bootstrap, topic)] == [b"queued"]
+    with pytest.raises(RuntimeError):
+        publisher.send(topic, b"k", b"after close")
+
+    nowhere = KafkaPublisher({"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": "600000"})
+    nowhere.send(topic, b"k", b"never delivered")
+    assert nowhere.close(timeout_s=0.5) == 1
+    assert nowhere.errors == 1  # the purge's delivery report
