@@ -112,6 +112,24 @@ training step 16.2 against 15.4 s, 57.3 against 56.3 s per round (+1.7%): the in
 window moves with the host by more than the target. `--side-by-side --rounds 4` on 135M: services
 64.9, in process 55.5 s per round, +16.8% (FAIL; services 335 CPU s, broker 14.4, in process 243).
 
+Neither is it the model processes' working sets alone: eight processes on one CPU, four sampling
+warm:0 and four taking training steps, each timing its own CPU, against the same eight one after
+another: +2-10% a generation call, training steps within the noise (a run's spread ~15%); eight
+generation processes at once against one: the same CPU a call. Nor the weights a version hands the
+generator (tensors viewing one read buffer, 8- to 16-byte aligned): the same CPU a call as the
+model's own or cloned tensors. What a services round does beyond the in-process one, with the calls
+counted (4 x warm:0, 6 rounds, a slower hour: in process 7.49 s per round): the same 24 generation
+calls and decode steps (542 forward passes against ~541) and the same 24 training steps; generation
++15% a call, a step +3.5%, and ~0.6 s a round of the broker, the samplers and the services' own
+loops, against 8.82 s per round.
+
+Since a small model's decode step and loss are mostly passes over (rows, 49k-token vocabulary)
+tensors, the seeded draw now uses one in-place buffer (`sapo.backends.hf._RowSampler`: 42-46 -> 19-20
+ms a step of 64 rows) and the loss skips two of its temporaries (`sapo.grpo.logprobs.score_targets`).
+Both modes gain alike: `--side-by-side --repeats 2`, services 5.03 / 5.38 s per round (6.39 / 7.01
+before), in process 3.99 / 3.60 (4.76 / 4.82): 1.262 / 1.495, +37.3% (FAIL; services 133-136 CPU s,
+broker 5.7-6.3).
+
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_pipeline.py [--model warm:0] [--nodes 4] [--rounds 10]
         [--repeats 2] [--one-wait | --side-by-side]
 
