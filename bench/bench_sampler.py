@@ -25,12 +25,17 @@ through the real ConsumerLoop in a fresh consumer group:
 - node: a node that trains on one task of four, eager: header prefilter, then the full pipeline.
 
 Every full path holds a pooled group's record (its offset uncommittable) until the group leaves the
-pool in a batch or as a discard, and finishes it then through the loop, as the service does.
+pool in a batch or as a discard, and finishes it then through the loop, as the service does. Every
+full path also counts each record as the service does (`sapo.node.sampler.Accounting`: the header
+prefilter with its metrics, the verdict per reason and per peer, the intake a batch carries). The
+rest of a service step (its other streams polled, batches due, gauges) is paid once per burst of up
+to `SWARM_BURST` swarm records and is not in these figures.
 
 Fresh dedupe set, verifier caches and pool per pass. The I=4 local groups of each batch are
 verified before the timing (local groups are verified on arrival in both modes and come from the
 node's own generator, not from this topic). Everything alive before the passes is frozen out of the
-garbage collector, as a service does before its loop (`sapo.runtime.freeze_startup_objects`). Rates
+garbage collector, as a service does before its loop (`sapo.runtime.freeze_startup_objects`), and
+the garbage of the passes before is collected before each pass's timing starts. Rates
 count from the first record read (the group join is excluded); "paired" is the median over rounds of
 a path's rate over the raw rate of the same round; "cpu us" is this process's CPU time per message
 (the consumer: Python and librdkafka's threads, not the broker's), and "cpu" its ratio to raw's: the
@@ -146,6 +151,7 @@ host's, and the paired ratio at 10,000 nodes sits across the target with it.
 from __future__ import annotations
 
 import argparse
+import gc
 import random
 import resource
 import statistics
@@ -169,6 +175,9 @@ from sapo.kafka import (
 )
 from sapo.kafka.consumer import Prefilter
 from sapo.lifecycle import StopFlag
+from sapo.node.metrics import SamplerMetrics
+from sapo.node.peers import PeerLabels
+from sapo.node.sampler import Accounting
 from sapo.runtime import freeze_startup_objects
 from sapo.sampler import (
     Assembler,
@@ -186,6 +195,7 @@ from sapo.sampler import (
     sender_of,
 )
 from sapo.sampler.fairness import Admission
+from sapo.sampler.intake import IntakeTally
 from sapo.sampler.screen import unread_scored
 from sapo.sampler.settings import SamplerSettings
 from sapo.settings import ConsumerProfile
@@ -286,6 +296,7 @@ def timed_read(
     try:
         while not loop.step(0.5):
             pass
+        gc.collect()  # the passes before left cyclic garbage (a sampler's bound methods): not this pass's
         start, cpu, read = time.perf_counter(), time.process_time(), 1
         while read < count:
             read += loop.step(0.5)
@@ -332,8 +343,17 @@ class Sampler:
     """The loop's `finish`: a pooled record is held until its batch or its discard, as in the service."""
 
     def __post_init__(self) -> None:
-        cfg = settings(self.screen.cfg.accepted_tasks, self.screen.cfg.verify).assembly_config()
+        service = settings(self.screen.cfg.accepted_tasks, self.screen.cfg.verify)
+        cfg = service.assembly_config()
         self.assembler: Assembler[Record | None] = make_assembler(cfg, verify=self._verify)
+        # The service's counting of every record (metrics, per-peer metrics, the batches' intake).
+        metrics = SamplerMetrics(CollectorRegistry(), PeerLabels(RECEIVER, service.metrics_peers))
+        self.accounts = Accounting(metrics, IntakeTally())
+
+    def prefilter(self, record: Record) -> str | None:
+        """The service's header prefilter, counting every record read."""
+        reason = header_reason(record.headers, "external", self.screen.cfg)
+        return self.accounts.prefiltered("external", reason)
 
     def handle(self, record: Record) -> Disposition:
         now = time.time()
@@ -347,10 +367,15 @@ class Sampler:
             screened = self.screen.check(group, "external", now, self.batches, sender)
             verdict = screened if isinstance(screened, str) else self._add(screened, record, now)
         self._count(verdict)
+        reason = None if verdict == "pooled" else verdict
+        self.accounts.screened("external", sender.node_id, reason)
         self.read += 1
         if self.read % self.batch_every == 0:
             self._emit(now)
-        return Disposition.HELD if verdict == "pooled" else Disposition.DONE
+        if reason is None:
+            return Disposition.HELD
+        self.accounts.refused(reason)
+        return Disposition.DONE
 
     def _admit_unread(self, unread: Unread, record: Record, now: float, sender: Sender) -> str:
         reason = self.screen.facts_reason(unread, now, sender.node_id)
@@ -390,6 +415,7 @@ class Sampler:
         for discard in self.assembler.take_discards():
             self._count(f"pool:{discard.reason}")
             self._finish(discard.entry.handle)
+            self.accounts.discarded(discard.entry.scored, discard.reason)
 
     def _finish(self, record: Record | None) -> None:
         if record is not None and self.finish is not None:
@@ -423,14 +449,8 @@ def paths(
         "lazy-old": sampler(screen_config(None, VerifyMode.LAZY), facts=False),
         "node": sampler(one_task),
     }
-    return {
-        "raw": (noop, None),
-        "prefilter": (noop, one_task_prefilter),
-        "eager": (samplers["eager"].handle, None),
-        "lazy": (samplers["lazy"].handle, None),
-        "lazy-old": (samplers["lazy-old"].handle, None),
-        "node": (samplers["node"].handle, one_task_prefilter),
-    }, samplers
+    full: dict[str, Path] = {name: (s.handle, s.prefilter) for name, s in samplers.items()}
+    return {"raw": (noop, None), "prefilter": (noop, one_task_prefilter)} | full, samplers
 
 
 def cost_per_message(messages: list[Message], sample: int = 2000) -> dict[str, float]:

@@ -89,11 +89,16 @@ class SamplerPeerMetrics:
         self._received_of, self._rejected_of = Children(self._received), Children(self._rejected)
         self._init(OTHER)
 
-    def received(self, peer: str, *, pooled: bool) -> None:
-        """One group of `peer` screened; `pooled` (it passed the filters) may give the peer a label."""
-        label, new = self.labels.admit(peer) if pooled else (self.labels.label(peer), False)
-        if new:
-            self._init(label)
+    def screened(self, peer: str, reason: str | None) -> None:
+        """One group of `peer` screened: pooled (`reason` None, which may give the peer a label) or
+        rejected for `reason`."""
+        if reason is None:
+            label, new = self.labels.admit(peer)
+            if new:
+                self._init(label)
+        else:
+            label = self.labels.label(peer)
+            self._rejected_of(label, reason).inc()
         self._received_of(label).inc()
 
     def rejected(self, peer: str, reason: str) -> None:

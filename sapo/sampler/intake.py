@@ -66,6 +66,11 @@ class IntakeTally:
         return taken
 
     def _of(self, peer: str) -> _Counts:
-        if peer not in self._peers and len(self._peers) >= self.max_peers:
-            peer = OTHER
-        return self._peers.setdefault(peer, _Counts())
+        counts = self._peers.get(peer)
+        if counts is None:  # not `setdefault(peer, _Counts())`: that builds a _Counts every call
+            if len(self._peers) >= self.max_peers:
+                peer = OTHER
+            counts = self._peers.get(peer)
+            if counts is None:
+                counts = self._peers[peer] = _Counts()
+        return counts

@@ -46,10 +46,9 @@ def test_sampler_counts_per_peer_with_bounded_labels() -> None:
     registry = CollectorRegistry()
     metrics = SamplerMetrics(registry, PeerLabels("node-a", limit=1))
     peers = metrics.peers
-    peers.received("node-b", pooled=False)  # rejected before it had a label: counted under OTHER
-    peers.rejected("node-b", "no_signal")
-    peers.received("node-b", pooled=True)  # takes the one label
-    peers.received("node-c", pooled=True)  # none left
+    peers.screened("node-b", "no_signal")  # rejected before it had a label: counted under OTHER
+    peers.screened("node-b", None)  # takes the one label
+    peers.screened("node-c", None)  # none left
     peers.rejected("node-c", "expired")
     peers.used(["node-b", "node-c", "node-b"])
 

@@ -21,7 +21,7 @@ from sapo.lifecycle import StopFlag
 from sapo.node.identity import IdentityGate, IdentityMetrics, KeysFollower
 from sapo.node.metrics import SamplerMetrics
 from sapo.node.recovery import read_history
-from sapo.node.sampler import IDLE_WAIT_MAX_S, IDLE_WAIT_S, SamplerService
+from sapo.node.sampler import IDLE_WAIT_MAX_S, IDLE_WAIT_S, SWARM_BURST, SamplerService
 from sapo.ops import Health
 from sapo.sampler.settings import SamplerSettings
 from sapo.topics import TopicNames
@@ -175,6 +175,21 @@ def test_an_idle_sampler_pauses_longer_each_step_and_a_record_resets_the_pause()
     doubling = [IDLE_WAIT_S * 2**i for i in range(5)]
     assert stop.pauses == [min(p, IDLE_WAIT_MAX_S) for p in doubling] + [IDLE_WAIT_S]
     assert IDLE_WAIT_MAX_S in stop.pauses  # the pause is bounded, and reached within five steps
+
+
+def test_a_step_reads_a_burst_of_swarm_records_and_polls_the_node_s_own_stream_once() -> None:
+    bus = MemoryBus()
+    node = Node(bus, round_mode="async")
+    swarm = SWARM_BURST + 6
+    for i in range(swarm):
+        publish(bus, TOPICS.swarm_rollouts, real_group(RECORDS[i % len(RECORDS)], f"peer-{i}"))
+    for record in RECORDS[:2]:
+        publish(bus, TOPICS.rollouts, real_group(record, NODE))
+    assert node.service.step()
+    assert (node.service.swarm.handled, node.service.local.handled) == (SWARM_BURST, 1)
+    assert node.service.step()
+    assert (node.service.swarm.handled, node.service.local.handled) == (swarm, 2)
+    assert not node.service.step()
 
 
 def test_async_batches_mix_local_and_external_and_reject_bad_input() -> None:
