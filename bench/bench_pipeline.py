@@ -130,6 +130,10 @@ Both modes gain alike: `--side-by-side --repeats 2`, services 5.03 / 5.38 s per 
 before), in process 3.99 / 3.60 (4.76 / 4.82): 1.262 / 1.495, +37.3% (FAIL; services 133-136 CPU s,
 broker 5.7-6.3).
 
+A later day, after the sampler began reading a burst of swarm records per step (`SWARM_BURST`), on
+a host about 1.5 x slower (the in-process round 5.4-5.7 s where it took 3.6-4.0): `--side-by-side
+--repeats 2` 1.284 / 1.359, +32.1% (FAIL; services 195-297 CPU s, broker 10.6-16.8).
+
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_pipeline.py [--model warm:0] [--nodes 4] [--rounds 10]
         [--repeats 2] [--one-wait | --side-by-side]
 

@@ -54,6 +54,16 @@ their facts header, decoded only when picked): PASS, 795 groups/s consumed, caug
 the last send, peak RSS 484 MiB, CPU per group 0.47 ms signed vs 0.21 ms unsigned (2.25 x: the
 Ed25519 check of every record is then most of an arrival's cost).
 
+10,000 nodes at the paper's rate (`--nodes 10000 --rounds 2 --baseline-rounds 2 --verify lazy`: 7,997
+groups/s offered; 160,000 groups built and signed in 194 s), after the sampler began counting each
+record once (`sapo.node.sampler.Accounting`) and reading a burst of swarm records per step
+(`SWARM_BURST`), on a slow day of the host: unsigned (identity off), 0.08 ms of CPU per group and
+caught up, so one sampler keeps up with 10,000 nodes at ~0.65 core; signed, 0.26 ms per group (3.33
+x), ~3,500 groups/s consumed on ~0.85 core: FAIL, 34.6% consumed by the end of the last round, caught
+up 25.7 s later. With identity on, one sampler keeps up with ~4,000 nodes at this rate; 70% of the
+10,000-node arrivals are refused a place by the fair-share pool (`pool_full`) after their signature
+was checked. Peak RSS 312 MiB.
+
     .venv/bin/python bench/bench_swarm_load.py [--nodes 1000] [--round-s 10] [--rounds 15]
 """
 
