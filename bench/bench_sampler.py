@@ -27,9 +27,11 @@ through the real ConsumerLoop in a fresh consumer group:
 Every full path holds a pooled group's record (its offset uncommittable) until the group leaves the
 pool in a batch or as a discard, and finishes it then through the loop, as the service does. Every
 full path also counts each record as the service does (`sapo.node.sampler.Accounting`: the header
-prefilter with its metrics, the verdict per reason and per peer, the intake a batch carries). The
-rest of a service step (its other streams polled, batches due, gauges) is paid once per burst of up
-to `SWARM_BURST` swarm records and is not in these figures.
+prefilter with its metrics, the verdict per reason and per peer, the intake a batch carries), refuses
+a group whose peer has no place left in the pool before anything else (`SamplerCore.sheds`), and
+asks after every record whether a batch is due. The rest of a service step (its other streams
+polled, discards settled, health, gauges) is paid once per burst of up to `SWARM_BURST` swarm records
+and is not in these figures.
 
 Fresh dedupe set, verifier caches and pool per pass. The I=4 local groups of each batch are
 verified before the timing (local groups are verified on arrival in both modes and come from the
@@ -213,7 +215,7 @@ from sapo.settings import ConsumerProfile
 from sapo.tasks import EASY_PROFILE, TaskStream, score
 from sapo.topics import TopicSpec, ensure_topics
 from sapo.v1 import rollout_pb2
-from sapo.wire import SCHEMA_VERSION, now_timestamp, rollout_headers
+from sapo.wire import H_NODE, SCHEMA_VERSION, header_str, now_timestamp, rollout_headers
 
 TOPIC = "bench.swarm.rollouts"
 RECEIVER = "receiver"
@@ -368,25 +370,31 @@ class Sampler:
 
     def handle(self, record: Record) -> Disposition:
         now = time.time()
-        sender = sender_of(record.headers, record.value, "external", node_id=RECEIVER, store=None, now_s=now)
-        assert isinstance(sender, Sender) and record.value is not None
-        facts = arrival_facts(record.headers, "external", self.screen.cfg) if self.facts else None
-        if facts is not None:  # as SamplerCore.admit_unread: no decoding on arrival
-            verdict = self._admit_unread(Unread(record.value, record.headers, facts), record, now, sender)
-        else:
-            group = parse(record.value, 1 << 20, record.headers)
-            screened = self.screen.check(group, "external", now, self.batches, sender)
-            verdict = screened if isinstance(screened, str) else self._add(screened, record, now)
+        node = header_str(record.headers, H_NODE)
+        shed = self.assembler.sheds(node)  # as the service: no place for this peer, nothing else done
+        verdict = self._admit(record, now) if shed is None else shed
         self._count(verdict)
         reason = None if verdict == "pooled" else verdict
-        self.accounts.screened("external", sender.node_id, reason)
+        self.accounts.screened("external", node, reason)
         self.read += 1
-        if self.read % self.batch_every == 0:
-            self._emit(now)
+        if self.read % self.batch_every == 0:  # the node's own groups of one batch arrive
+            while self.assembler.pool.count("local") < LOCAL_GROUPS:
+                self.assembler.add(next(self.local), None, now)
+        self._emit_due(now)  # as the service after every swarm record: mostly nothing is due
         if reason is None:
             return Disposition.HELD
         self.accounts.refused(reason)
         return Disposition.DONE
+
+    def _admit(self, record: Record, now: float) -> str:
+        sender = sender_of(record.headers, record.value, "external", node_id=RECEIVER, store=None, now_s=now)
+        assert isinstance(sender, Sender) and record.value is not None
+        facts = arrival_facts(record.headers, "external", self.screen.cfg) if self.facts else None
+        if facts is not None:  # as SamplerCore.admit_unread: no decoding on arrival
+            return self._admit_unread(Unread(record.value, record.headers, facts), record, now, sender)
+        group = parse(record.value, 1 << 20, record.headers)
+        screened = self.screen.check(group, "external", now, self.batches, sender)
+        return screened if isinstance(screened, str) else self._add(screened, record, now)
 
     def _admit_unread(self, unread: Unread, record: Record, now: float, sender: Sender) -> str:
         reason = self.screen.facts_reason(unread, now, sender.node_id)
@@ -412,9 +420,7 @@ class Sampler:
             self.verify_s += time.perf_counter() - start
             self.verified += 1
 
-    def _emit(self, now: float) -> None:
-        while self.assembler.pool.count("local") < LOCAL_GROUPS:
-            self.assembler.add(next(self.local), None, now)
+    def _emit_due(self, now: float) -> None:
         start = time.perf_counter()
         batch = self.assembler.next_batch(now, self.batches)
         self.emit_s += time.perf_counter() - start
@@ -516,9 +522,10 @@ def report(
         s = samplers[name]
         print(
             f"{name} (last pass): {s.batches} batches of I={LOCAL_GROUPS}/J={EXTERNAL_GROUPS} "
-            f"({s.external_picked} external groups); emitting {1000 * s.emit_s / max(1, s.batches):.2f} ms "
-            f"per batch, {1e6 * s.emit_s / s.read:.1f} us per message read; of that, {s.verified} "
-            f"deferred verifications, {1000 * s.verify_s / max(1, s.verified):.3f} ms per selected group"
+            f"({s.external_picked} external groups); due checks and batches "
+            f"{1e6 * s.emit_s / s.read:.1f} us per message read ({1000 * s.emit_s / max(1, s.batches):.2f} "
+            f"ms per batch); of that, {s.verified} deferred verifications, "
+            f"{1000 * s.verify_s / max(1, s.verified):.3f} ms per selected group"
         )
         print(f"  verdicts: {dict(sorted(s.verdicts.items()))}")
     for stage, us in cost_per_message(messages).items():

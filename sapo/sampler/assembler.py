@@ -131,6 +131,11 @@ class Assembler(ABC, Generic[H]):
         verdict = self.pool.admission(origin, peer)
         return "pool_full" if verdict is Admission.REFUSE else verdict
 
+    def sheds(self, peer: str) -> str | None:
+        """ "pool_full" when no swarm group of `peer` can get a place now, whatever it holds; None when
+        that depends on the group (lock-step: its round). See `SamplerCore.sheds`."""
+        return "pool_full" if self.pool.admission("external", peer) is Admission.REFUSE else None
+
     def add(
         self, scored: Scored, handle: H, now_s: float, place: Admission | str | None = None
     ) -> str | None:
@@ -190,11 +195,10 @@ class Assembler(ABC, Generic[H]):
 
     def _expire(self, now_s: float, sequence: int) -> None:
         cfg, take = self.cfg, self.pool.take_aged
-        expired = [
-            *take("external", now_s - cfg.max_external_age_s),
-            *take("local", sequence - cfg.max_policy_lag),
-        ]
-        self._discards.extend(Discard(e, "expired") for e in expired)
+        expired = take("external", now_s - cfg.max_external_age_s)
+        expired += take("local", sequence - cfg.max_policy_lag)
+        if expired:  # asked after every record a service reads, and mostly nothing has aged
+            self._discards.extend(Discard(e, "expired") for e in expired)
 
 
 class StreamingAssembler(Assembler[H]):
@@ -225,6 +229,9 @@ class StreamingAssembler(Assembler[H]):
     def _attempt(self, now_s: float, sequence: int) -> Assembly[H] | None:
         mix, pool = self.cfg.mix, self.pool
         local_n = pool.count("local")
+        if local_n < mix.min_local and not self._starved():  # what follows would say so, slower
+            self._local_ready_s = None
+            return None
         external_n = usable_external(pool.peer_counts(), self.cfg.max_per_source, mix.total)
         n_local, n_external = plan(mix, local_n, external_n)
         starved = local_n < n_local and self._starved()
@@ -310,6 +317,9 @@ class LockstepAssembler(Assembler[H]):
             state.local_ids.add(group_id)
         if len(state.local_ids) >= self.cfg.questions_per_round and state.local_done_s is None:
             state.local_done_s = now_s
+
+    def sheds(self, peer: str) -> str | None:
+        return None  # a group's round decides, and it counts as an arrival of its round when refused
 
     def place(self, origin: Origin, peer: str, round_: int) -> Admission | str:
         if round_ < self.next_round:

@@ -94,6 +94,15 @@ class SamplerCore(Generic[H]):
             return place
         return self._add(unread_scored(unread, node), handle, now_s, place)
 
+    def sheds(self, peer: str) -> str | None:
+        """ "pool_full" when the pool has no place for any swarm group of `peer` now (its fair share is
+        taken: `sapo.sampler.fairness`), so a group it sends can be refused before it is identified,
+        decoded or screened; None otherwise (always in lock-step, where the round decides). Most of a
+        large swarm's arrivals are refused a place (70% at 10,000 nodes), and finding that out then
+        costs a lookup, not a signature check, a decode and the filters. Exact: the pool takes or
+        refuses a group on its peer alone, and nothing changes the pool between this and `admit`."""
+        return self.assembler.sheds(peer)
+
     def _pool(self, verdict: Scored | str, origin: Origin, handle: H, now_s: float) -> str | None:
         """Pool a screened group; the reason it was not pooled, or None."""
         if isinstance(verdict, str):

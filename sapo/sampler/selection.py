@@ -68,6 +68,11 @@ class Mix:
         return self.local + self.external
 
     @property
+    def min_local(self) -> int:
+        """The fewest local groups `plan` ever asks of a batch, whatever is on hand."""
+        return self.local if self.policy is MixPolicy.FIXED else self.total - self.max_external
+
+    @property
     def wants_external(self) -> bool:
         """Whether a batch can ever hold an external group (else nobody waits for peers)."""
         return self.external > 0 or (self.policy is MixPolicy.ADAPTIVE and self.max_external > 0)

@@ -20,6 +20,7 @@ from sapo.kafka.records import AssignHook, RevokeHook
 from sapo.lifecycle import StopFlag
 from sapo.node.identity import IdentityGate, IdentityMetrics, KeysFollower
 from sapo.node.metrics import SamplerMetrics
+from sapo.node.peers import OTHER
 from sapo.node.recovery import read_history
 from sapo.node.sampler import IDLE_WAIT_MAX_S, IDLE_WAIT_S, SWARM_BURST, SamplerService
 from sapo.ops import Health
@@ -378,6 +379,33 @@ def test_lockstep_counts_only_verified_arrivals_and_follows_a_key_rotation() -> 
     assert [b.round for b in node.batches()] == [0, 1]
     assert node.batches()[1].groups[-1].group.node_id == "peer-1"
     assert node.registry.get_sample_value("sapo_sampler_key_announcements_total", {"result": "rotated"}) == 1
+
+
+def test_a_full_pool_refuses_a_peer_s_group_before_identifying_or_decoding_it() -> None:
+    """Load shedding: a full pool shared by peer-1 and peer-2 has no place for a newcomer's group, so
+    groups naming peer-3 are refused pool_full unread (a forgery and a malformed record too: not
+    identified or decoded, so not dead-lettered); a forgery naming peer-1, which may replace its own
+    group, is identified and dead-lettered as before."""
+    bus = MemoryBus()
+    peer, other, mallory = NodeKey.generate(), NodeKey.generate(), NodeKey.generate()
+    trust = TrustStore()
+    trust.add("peer-1", peer.public, "file")
+    trust.add("peer-2", other.public, "file")
+    node = Node(bus, trust, round_mode="async", max_pool_groups=2)
+    publish(bus, TOPICS.swarm_rollouts, real_group(RECORDS[0], "peer-1"), peer)
+    publish(bus, TOPICS.swarm_rollouts, real_group(RECORDS[1], "peer-2"), other)
+    node.drain()
+    assert (node.service.core.sheds("peer-3"), node.service.core.sheds("peer-1")) == ("pool_full", None)
+
+    publish(bus, TOPICS.swarm_rollouts, real_group(RECORDS[2], "peer-3"), mallory)  # shed
+    bus.append(TOPICS.swarm_rollouts, b"junk", b"\xff\xff", [(wire.H_NODE, b"peer-3")])  # shed
+    publish(bus, TOPICS.swarm_rollouts, real_group(RECORDS[3], "peer-1"), mallory)  # identified
+    node.drain()
+    assert node.rejected("pool_full") == 2
+    assert [r.headers["sapo-dlq-reason"] for r in bus.topics[TOPICS.dlq]] == [b"key_conflict"]
+    assert node.service.swarm.watermarks.pending_count() == 2  # the two pooled groups, nothing else
+    peer_rejected = "sapo_sampler_peer_groups_rejected_total"
+    assert node.registry.get_sample_value(peer_rejected, {"peer": OTHER, "reason": "pool_full"}) is None
 
 
 def announce(bus: MemoryBus, version: int, sequence: int | None, *, epoch: int = 0, node: str = NODE) -> None:

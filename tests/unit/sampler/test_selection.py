@@ -6,6 +6,8 @@ import random
 from collections import Counter
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sapo.sampler import Entry, Mix, MixPolicy, Pool, SeenGroups, SelectionPolicy, pick_external, plan
 from sapo.sampler.selection import shuffled, usable_external
@@ -141,3 +143,18 @@ def test_seen_groups_forget_the_oldest_beyond_capacity() -> None:
     assert "c" in seen
     seen.discard("b")
     assert len(seen) == 1
+
+
+@given(
+    local=st.integers(0, 8),
+    external=st.integers(0, 8),
+    adaptive=st.booleans(),
+    bounds=st.tuples(st.integers(0, 16), st.integers(0, 16)),
+    on_hand=st.tuples(st.integers(0, 20), st.integers(0, 20)),
+)
+def test_min_local_bounds_every_plan(
+    local: int, external: int, adaptive: bool, bounds: tuple[int, int], on_hand: tuple[int, int]
+) -> None:
+    policy = MixPolicy.ADAPTIVE if adaptive else MixPolicy.FIXED
+    mix = Mix(local, external, policy, min_external=min(bounds), max_external=max(bounds))
+    assert plan(mix, *on_hand)[0] >= mix.min_local
