@@ -158,6 +158,12 @@ paid, 0.283 / 0.363 x in two runs (93 / 71 us, raw 28 / 32): FAIL. The real serv
 (bench_swarm_load.py, identity off, lazy): 0.08 ms of CPU per group, keeping up with their 8,000
 groups/s.
 
+Then a group whose peer has no place left in the pool was refused before anything else
+(`SamplerCore.sheds`: 61% of these arrivals), and every full path began asking after each record
+whether a batch is due, as the service does (~2 us, after that answer got cheaper: ~6 before). Same
+slow day (raw 30 us of CPU): lazy 0.335 x paired (91 us; its passes moved between 17.0k and 11.0k
+msgs/s with the host), eager 0.083 x (0.045 before), lazy-old 0.256 x (0.20): FAIL.
+
     .venv/bin/python bench/bench_sampler.py [--nodes 1000] [--groups-per-node 20] [--rounds 5]
 """
 
