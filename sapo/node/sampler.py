@@ -33,7 +33,7 @@ Delivery semantics (at-least-once in; batch ids out exactly once):
 - Load shedding: a live swarm record whose node header names a peer that has no place left in the
   pool (its fair share taken, `sapo.sampler.fairness`; the streaming round modes) is refused
   "pool_full" first, before it is identified, decoded or screened (`SamplerCore.sheds`): no content
-  could have pooled it, and in a large swarm most arrivals are such (70% at 10,000 nodes). It is
+  could have pooled it, and in a large swarm most arrivals are such (61-79% at 10,000 nodes). It is
   counted, not inspected: a malformed or forged record among them is not dead-lettered, and with
   identity on it is not counted for the peer it claims (a claim nobody checked).
 - Per-peer accounting: every swarm group whose sender is established (verified, with identity on)
