@@ -162,7 +162,9 @@ Then a group whose peer has no place left in the pool was refused before anythin
 (`SamplerCore.sheds`: 61% of these arrivals), and every full path began asking after each record
 whether a batch is due, as the service does (~2 us, after that answer got cheaper: ~6 before). Same
 slow day (raw 30 us of CPU): lazy 0.335 x paired (91 us; its passes moved between 17.0k and 11.0k
-msgs/s with the host), eager 0.083 x (0.045 before), lazy-old 0.256 x (0.20): FAIL.
+msgs/s with the host), eager 0.083 x (0.045 before), lazy-old 0.256 x (0.20): FAIL. 1,000 nodes x 20
+(raw 34 us of CPU): lazy 0.372 x paired (84 us), eager 0.092 x, lazy-old 0.278 x: FAIL (0.563 x, PASS,
+on a faster day before the service's counting and due checks were paid: ~7-10 us a record here).
 
     .venv/bin/python bench/bench_sampler.py [--nodes 1000] [--groups-per-node 20] [--rounds 5]
 """
