@@ -29,7 +29,8 @@ pool in a batch or as a discard, and finishes it then through the loop, as the s
 full path also counts each record as the service does (`sapo.node.sampler.Accounting`: the header
 prefilter with its metrics, the verdict per reason and per peer, the intake a batch carries), refuses
 a group whose peer has no place left in the pool before anything else (`SamplerCore.sheds`), and
-asks after every record whether a batch is due. The rest of a service step (its other streams
+asks whether a batch is due after every record that joined the pool and once per burst of
+`SWARM_BURST` records. The rest of a service step (its other streams
 polled, discards settled, health, gauges) is paid once per burst of up to `SWARM_BURST` swarm records
 and is not in these figures.
 
@@ -198,7 +199,7 @@ from sapo.kafka.consumer import Prefilter
 from sapo.lifecycle import StopFlag
 from sapo.node.metrics import SamplerMetrics
 from sapo.node.peers import PeerLabels
-from sapo.node.sampler import Accounting
+from sapo.node.sampler import SWARM_BURST, Accounting
 from sapo.runtime import freeze_startup_objects
 from sapo.sampler import (
     Assembler,
@@ -385,10 +386,13 @@ class Sampler:
         reason = None if verdict == "pooled" else verdict
         self.accounts.screened("external", node, reason)
         self.read += 1
-        if self.read % self.batch_every == 0:  # the node's own groups of one batch arrive
+        arrived = self.read % self.batch_every == 0
+        if arrived:  # the node's own groups of one batch arrive
             while self.assembler.pool.count("local") < LOCAL_GROUPS:
                 self.assembler.add(next(self.local), None, now)
-        self._emit_due(now)  # as the service after every swarm record: mostly nothing is due
+        # As the service: a batch is looked for after a record joined the pool and after each burst.
+        if reason is None or arrived or self.read % SWARM_BURST == 0:
+            self._emit_due(now)
         if reason is None:
             return Disposition.HELD
         self.accounts.refused(reason)

@@ -236,6 +236,10 @@ class ConsumerLoop:
         self.last_poll_monotonic = time.monotonic()
         self.handled = 0
 
+    def pending_count(self) -> int:
+        """Records read and not finished yet."""
+        return self.watermarks.pending_count()
+
     def finish(self, record: Record) -> None:
         """Mark a HELD record finished (every chunk of a reassembled one); its offsets become
         committable once earlier ones are too."""
@@ -251,6 +255,7 @@ class ConsumerLoop:
         """Join the group; `step()` may be called from then on."""
         self._client.subscribe(self._topics, self._assigned, self._revoked, self._lost)
         self.opened = True
+        self._metrics.track(self)
 
     def step(self, timeout_s: float | None = None) -> bool:
         """Poll once and handle what arrived; True when a record was read. Lets one thread drive
@@ -293,7 +298,7 @@ class ConsumerLoop:
         return read
 
     def _dispatch(self, record: Record) -> None:
-        self._metrics.consumed_of(self._stream_of(record.topic)).inc()
+        self._metrics.consumed.inc(self._stream_of(record.topic))
         self.watermarks.seen(record.tp, record.offset)
         if self._skipped_chunk(record):
             return
@@ -304,7 +309,7 @@ class ConsumerLoop:
             return
         reason = self._prefilter(assembled) if self._prefilter is not None else None
         if reason is not None:
-            self._metrics.rejected_of(reason).inc()
+            self._metrics.rejected.inc(reason)
             self.finish(assembled)
             return
         try:
@@ -323,7 +328,6 @@ class ConsumerLoop:
         self.handled += 1
         if disposition is Disposition.DONE:
             self.finish(assembled)
-        self._metrics.pending.set(self.watermarks.pending_count())
 
     def _skipped_chunk(self, record: Record) -> bool:
         """Finish a chunk of a message the prefilter refused by its first chunk; True when it was one."""
@@ -333,7 +337,7 @@ class ConsumerLoop:
         index, count, message_id = chunk
         slot = (record.tp, message_id)
         if index == 0 and (reason := self._prefilter(record)) is not None:
-            self._metrics.rejected_of(reason).inc()
+            self._metrics.rejected.inc(reason)
             self._skipping[slot] = reason
         if slot not in self._skipping:
             return False
@@ -353,7 +357,7 @@ class ConsumerLoop:
             first.offset,
             incomplete.reason,
         )
-        self._metrics.rejected_of(incomplete.reason).inc()
+        self._metrics.rejected.inc(incomplete.reason)
         if self._dead_letters is not None:
             self._dead_letters.send(first, incomplete.reason, f"{len(incomplete.parts)} chunk(s) given up")
         for part in incomplete.parts:
@@ -361,7 +365,7 @@ class ConsumerLoop:
 
     def _reject(self, record: Record, exc: InvalidMessageError) -> None:
         log.warning("rejected %s/%d/%d: %s", record.topic, record.partition, record.offset, exc)
-        self._metrics.rejected_of(exc.reason).inc()
+        self._metrics.rejected.inc(exc.reason)
         if self._dead_letters is not None:
             self._dead_letters.send(record, exc.reason, exc.detail)
         self.finish(record)
@@ -372,7 +376,6 @@ class ConsumerLoop:
 
     def _assigned(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
         self.assigned.update(tps)
-        self._metrics.assigned_partitions.set(len(self.assigned))
         log.info("assigned %s", tps)
         return self._on_assign(tps) if self._on_assign is not None else {}
 
@@ -393,7 +396,6 @@ class ConsumerLoop:
         self._skipping = {slot: r for slot, r in self._skipping.items() if slot[0] not in tps}
         self.watermarks.drop(tps)
         self.assigned.difference_update(tps)
-        self._metrics.assigned_partitions.set(len(self.assigned))
 
     def close(self) -> None:
         """Store finished positions and leave the group (the client commits them on close). Closing
@@ -401,6 +403,7 @@ class ConsumerLoop:
         if self._closed:
             return
         self._closed = True
+        self._metrics.untrack(self)
         try:
             self._client.store(self.watermarks.positions())
         finally:

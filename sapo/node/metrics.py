@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from sapo.kafka.metrics import Children
+from sapo.kafka.metrics import LoopCounter
 from sapo.node.peers import PeerLabels, SamplerPeerMetrics, TrainerPeerMetrics
 from sapo.sampler import ORIGINS, REASONS
 
@@ -136,18 +136,19 @@ _AGE_BUCKETS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 class SamplerMetrics:
     def __init__(self, registry: CollectorRegistry, peers: PeerLabels | None = None) -> None:
         self.peers = SamplerPeerMetrics(registry, peers or PeerLabels("", 0))
-        self.consumed = Counter(
+        # Counted for every record read (`sapo.kafka.metrics.LoopCounter`).
+        self.consumed = LoopCounter(
             "sapo_sampler_groups_consumed_total",
             "Rollout groups read, by origin (local: own generator; external: the swarm topic).",
             ["origin"],
-            registry=registry,
+            registry,
         )
-        self.rejected = Counter(
+        self.rejected = LoopCounter(
             "sapo_sampler_groups_rejected_total",
             "Groups not used, by reason: filters (header, malformed, verification, freshness, dedupe, "
             "signal) and pool discards (expired, evicted, unused, late_round, future_round).",
             ["reason"],
-            registry=registry,
+            registry,
         )
         self.batches = Counter(
             "sapo_sampler_batches_emitted_total",
@@ -209,9 +210,7 @@ class SamplerMetrics:
             ["origin"],
             registry=registry,
         )
-        # Looked up for every record read and every step of the loop (`sapo.kafka.metrics.Children`).
-        self.consumed_of, self.rejected_of = Children(self.consumed), Children(self.rejected)
-        self.pool_of = Children(self.pool)
+        self.pool_of = {origin: self.pool.labels(origin) for origin in ORIGINS}  # set every step
         for origin in ORIGINS:
             self.consumed.labels(origin)
             self.age.labels(origin)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter
 
-from sapo.kafka.metrics import Children
+from sapo.kafka.metrics import LoopCounter
 from sapo.topics import NODE_ID_PATTERN
 
 if TYPE_CHECKING:  # the sampler uses this module too, and the trainer package loads torch
@@ -67,18 +67,18 @@ class SamplerPeerMetrics:
 
     def __init__(self, registry: CollectorRegistry, labels: PeerLabels) -> None:
         self.labels = labels
-        self._received = Counter(
+        self._received = LoopCounter(  # these two count every swarm record
             "sapo_sampler_peer_groups_received_total",
             "Swarm groups whose sender was established (verified with identity on), by peer.",
             ["peer"],
-            registry=registry,
+            registry,
         )
-        self._rejected = Counter(
+        self._rejected = LoopCounter(
             "sapo_sampler_peer_groups_rejected_total",
             "Swarm groups of an established sender not used, by peer and reason (the reasons of "
             "sapo_sampler_groups_rejected_total).",
             ["peer", "reason"],
-            registry=registry,
+            registry,
         )
         self._used = Counter(
             "sapo_sampler_peer_groups_used_total",
@@ -86,7 +86,6 @@ class SamplerPeerMetrics:
             ["peer"],
             registry=registry,
         )
-        self._received_of, self._rejected_of = Children(self._received), Children(self._rejected)
         self._init(OTHER)
 
     def screened(self, peer: str, reason: str | None) -> None:
@@ -98,11 +97,11 @@ class SamplerPeerMetrics:
                 self._init(label)
         else:
             label = self.labels.label(peer)
-            self._rejected_of(label, reason).inc()
-        self._received_of(label).inc()
+            self._rejected.inc(label, reason)
+        self._received.inc(label)
 
     def rejected(self, peer: str, reason: str) -> None:
-        self._rejected_of(self.labels.label(peer), reason).inc()
+        self._rejected.inc(self.labels.label(peer), reason)
 
     def used(self, peers: Iterable[str]) -> None:
         for peer in peers:

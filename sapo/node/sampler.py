@@ -115,7 +115,9 @@ SWARM_BURST = 64
 streams polled, discards settled, health and gauges) is then paid once per burst rather than once per
 record: a large swarm's records arrive far faster than anything else, and that work costs ~11 us of
 CPU a step (real clients, 2-core machine), a third of a lazily screened record's ~30. A batch is still
-emitted as soon as a record makes it due."""
+emitted as soon as a record that joined the pool makes it due. A refused record (most of a large
+swarm's) leaves the pool as it was, so nothing is asked after it: a batch that only time makes due
+(expiry, a deadline) waits for the end of the burst, at most 64 records later."""
 
 
 class Accounting:
@@ -130,13 +132,13 @@ class Accounting:
 
     def prefiltered(self, origin: Origin, reason: str | None) -> str | None:
         """A record read, and the header prefilter's verdict on it (returned)."""
-        self._metrics.consumed_of(origin).inc()
+        self._metrics.consumed.inc(origin)
         if reason is not None:
-            self._metrics.rejected_of(reason).inc()
+            self._metrics.rejected.inc(reason)
         return reason
 
     def refused(self, reason: str) -> None:
-        self._metrics.rejected_of(reason).inc()
+        self._metrics.rejected.inc(reason)
 
     def screened(self, origin: Origin, peer: str, reason: str | None) -> None:
         """The verdict on a group `peer` sent: pooled (None) or the reason it was not."""
@@ -146,7 +148,7 @@ class Accounting:
 
     def discarded(self, scored: Scored, reason: str) -> None:
         """A pooled group left the pool unused."""
-        self._metrics.rejected_of(reason).inc()
+        self._metrics.rejected.inc(reason)
         if scored.origin == "external":
             self.peer_discarded(scored.peer, reason)
 
@@ -191,6 +193,8 @@ class SamplerService:
         self._dead_letters = dead_letters
         self._warm_client = warm_client
         self._idle_wait_s = IDLE_WAIT_S
+        self._pooled = False
+        """A record joined the pool since the last look for a due batch."""
         self.core: SamplerCore[Record] = settings.core(history)
         self._intake = IntakeTally()
         self._accounts = Accounting(metrics, self._intake)
@@ -308,17 +312,20 @@ class SamplerService:
         # The trainer's announcements before the node's groups (sapo.node.trained).
         got = self.trainer is not None and self.trainer.loop.opened and self.trainer.step()
         got = self.local.step(0.0) or got
+        if got:
+            self._emit_due()  # what the trainer's or the node's own record made due, before the swarm's
         read = 0
         while read < SWARM_BURST and self.swarm.step(0.0):
             read += 1
-            self._emit_due()  # a batch as soon as it is due, as if each record had its own step
+            if self._pooled:  # a batch as soon as a pooled record makes it due, as if in its own step
+                self._emit_due()
         got = got or read > 0
         self._emit_due()
         self._settle_discards()
         self._health.beat()
         self._health.set("partitions_assigned", bool(self.local.assigned) and bool(self.swarm.assigned))
         for origin in ORIGINS:
-            self._metrics.pool_of(origin).set(self.core.assembler.pool.count(origin))
+            self._metrics.pool_of[origin].set(self.core.assembler.pool.count(origin))
         if got:
             self._idle_wait_s = IDLE_WAIT_S
         else:
@@ -351,6 +358,7 @@ class SamplerService:
         if reason is not None:
             self._accounts.refused(reason)
             return Disposition.DONE
+        self._pooled = True
         return Disposition.HELD
 
     def _admit(self, origin: Origin, record: Record) -> str | None:
@@ -451,6 +459,7 @@ class SamplerService:
             self._metrics.sequence_jumps.inc()
 
     def _emit_due(self) -> None:
+        self._pooled = False
         while (assembly := self.core.next_batch(self._clock())) is not None:
             self._publish(assembly)
 
@@ -504,7 +513,7 @@ class SamplerService:
                 log.warning(
                     "rejected %s/%d/%d: %s", record.topic, record.partition, record.offset, discard.error
                 )
-                self._transport.rejected_of(discard.reason).inc()
+                self._transport.rejected.inc(discard.reason)
                 if self._dead_letters is not None:
                     self._dead_letters.send(record, discard.reason, discard.error.detail)
             self._loop_of(record).finish(record)
