@@ -7,7 +7,8 @@ Delivery semantics (at-least-once):
   awaiting its checkpoint). The committed position of a partition never passes its lowest unfinished
   offset (`Watermarks`), so a crash re-delivers every unfinished record; idempotency keys
   (group id, batch id) make the second delivery harmless.
-- librdkafka commits stored positions every auto.commit.interval.ms; on revoke the loop commits
+- librdkafka commits stored positions every auto.commit.interval.ms (the loop stores finished ones
+  at most every `STORE_INTERVAL_S`); on revoke the loop commits
   synchronously before giving partitions up; on loss it commits nothing and drops the partitions'
   state; on close it commits what is finished.
 - Chunked messages (`sapo.kafka.chunks`) are reassembled before the prefilter and the handler see
@@ -60,6 +61,12 @@ CONSUMER_DEFAULTS = {
     "auto.offset.reset": "earliest",
 }
 
+
+STORE_INTERVAL_S = 0.1
+"""Finished positions are handed to librdkafka at most this often (and always on commit, revocation
+and close). librdkafka commits what was stored every auto.commit.interval.ms (1 s), so storing more
+often gains nothing, and storing after every record that moved a position cost a 10,000-node
+sampler ~8 us a record (~10% of its CPU). A crash re-delivers at most this much more."""
 
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
 """Largest message a loop reassembles unless told otherwise (services pass their setting)."""
@@ -210,8 +217,11 @@ class ConsumerLoop:
         poll_timeout_s: float = 1.0,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         contain_errors: bool = True,
+        store_interval_s: float = STORE_INTERVAL_S,
     ) -> None:
         self._client = client
+        self._store_interval_s = store_interval_s
+        self._stored_monotonic = -store_interval_s
         self._contain_errors = contain_errors
         self.opened = False
         """Whether `open` subscribed (the loop may be stepped)."""
@@ -371,7 +381,9 @@ class ConsumerLoop:
         self.finish(record)
 
     def _store_if_moved(self) -> None:
-        if self.watermarks.take_dirty():
+        now = self.last_poll_monotonic
+        if now - self._stored_monotonic >= self._store_interval_s and self.watermarks.take_dirty():
+            self._stored_monotonic = now
             self._client.store(self.watermarks.positions())
 
     def _assigned(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
