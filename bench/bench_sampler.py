@@ -167,6 +167,18 @@ msgs/s with the host), eager 0.083 x (0.045 before), lazy-old 0.256 x (0.20): FA
 (raw 34 us of CPU): lazy 0.372 x paired (84 us), eager 0.092 x, lazy-old 0.278 x: FAIL (0.563 x, PASS,
 on a faster day before the service's counting and due checks were paid: ~7-10 us a record here).
 
+Then the counters every record pays became plain numbers read at scrape time
+(`sapo.kafka.metrics.LoopCounter`: ~1.5-3 us a count through prometheus_client's locks), the pending
+gauge was read at scrape time instead of set after every record, a due batch was looked for only
+after a record joined the pool (and once per burst), and the consumer loop stored finished positions
+at most every 0.1 s (`STORE_INTERVAL_S`; it had stored after every record that moved one, which is
+most of raw's). Raw's own CPU fell more than lazy's, so the ratio fell while both got cheaper. Same
+day, the idle machine, 10,000 nodes x 2: raw 21.2 us of CPU per message (29.8 before), lazy 70.9
+(78.4; 91 at the start of the day): 0.306 x paired, FAIL. 1,000 nodes x 20: raw 13.8 (34 before),
+lazy 60.1 (84): 0.224 x paired, FAIL. Without the broker a lazy record refused `pool_full` costs
+~14 us and a pooled one ~30-45 us plus its share of the batches (~16 us), one Python call after
+another; raw's whole per-record cost is now below the first.
+
     .venv/bin/python bench/bench_sampler.py [--nodes 1000] [--groups-per-node 20] [--rounds 5]
 """
 

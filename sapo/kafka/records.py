@@ -112,7 +112,8 @@ class Watermarks:
     thousands of records in its pool, so a `min` over the unfinished set cost ~60 us per record read.
     Finishing any but the lowest unfinished offset leaves the position where it was, so only a finish
     that moved one marks the positions for storing; the unfinished count is kept, not summed. The
-    loop reads both after every record, and most of a sampler's records finish above a held one.
+    loop asks after every record (and stores at most every `STORE_INTERVAL_S`), and most of a
+    sampler's records finish above a held one.
     """
 
     def __init__(self) -> None:
