@@ -134,6 +134,11 @@ A later day, after the sampler began reading a burst of swarm records per step (
 a host about 1.5 x slower (the in-process round 5.4-5.7 s where it took 3.6-4.0): `--side-by-side
 --repeats 2` 1.284 / 1.359, +32.1% (FAIL; services 195-297 CPU s, broker 10.6-16.8).
 
+Four days later, after the per-record counters became plain numbers read at scrape time and the
+consumer loops stored finished positions at most every 0.1 s (no change to a round's path): the
+in-process round 6.0-6.6 s, services 9.47-9.48: 1.433 / 1.585, +50.5% (FAIL; services 210-223 CPU s,
+broker 14.0-14.3), at the top of the spread of the runs above (+28.6% to +49.1%).
+
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_pipeline.py [--model warm:0] [--nodes 4] [--rounds 10]
         [--repeats 2] [--one-wait | --side-by-side]
 

@@ -217,11 +217,9 @@ class ConsumerLoop:
         poll_timeout_s: float = 1.0,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         contain_errors: bool = True,
-        store_interval_s: float = STORE_INTERVAL_S,
     ) -> None:
         self._client = client
-        self._store_interval_s = store_interval_s
-        self._stored_monotonic = -store_interval_s
+        self._stored_monotonic = -STORE_INTERVAL_S
         self._contain_errors = contain_errors
         self.opened = False
         """Whether `open` subscribed (the loop may be stepped)."""
@@ -382,7 +380,7 @@ class ConsumerLoop:
 
     def _store_if_moved(self) -> None:
         now = self.last_poll_monotonic
-        if now - self._stored_monotonic >= self._store_interval_s and self.watermarks.take_dirty():
+        if now - self._stored_monotonic >= STORE_INTERVAL_S and self.watermarks.take_dirty():
             self._stored_monotonic = now
             self._client.store(self.watermarks.positions())
 

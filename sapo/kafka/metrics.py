@@ -56,9 +56,6 @@ class LoopCounter:
         if values not in self._counts:
             self._declare(values, 0)
 
-    def value(self, *values: str) -> float:
-        return self._counts.get(values, 0)
-
     def _declare(self, values: tuple[str, ...], count: float) -> None:
         if len(values) != len(self._labelnames) or not all(isinstance(v, str) for v in values):
             raise ValueError(f"{self._name} takes label values for {self._labelnames}; got {values!r}")

@@ -49,7 +49,8 @@ def test_a_loop_counter_checks_its_label_values_and_names() -> None:
     with pytest.raises(ValueError):  # the registry refuses a second metric of the same name
         LoopCounter("demo_total", "Again.", ["stream"], registry)
     counter.inc("local")
-    assert counter.value("local") == 1 and counter.value("remote") == 0
+    assert registry.get_sample_value("demo_total", {"stream": "local"}) == 1
+    assert registry.get_sample_value("demo_total", {"stream": "remote"}) is None  # never declared
 
 
 class _Loop:
