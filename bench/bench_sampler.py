@@ -172,10 +172,12 @@ Then the counters every record pays became plain numbers read at scrape time
 gauge was read at scrape time instead of set after every record, a due batch was looked for only
 after a record joined the pool (and once per burst), and the consumer loop stored finished positions
 at most every 0.1 s (`STORE_INTERVAL_S`; it had stored after every record that moved one, which is
-most of raw's). Raw's own CPU fell more than lazy's, so the ratio fell while both got cheaper. Same
-day, the idle machine, 10,000 nodes x 2: raw 21.2 us of CPU per message (29.8 before), lazy 70.9
-(78.4; 91 at the start of the day): 0.306 x paired, FAIL. 1,000 nodes x 20: raw 13.8 (34 before),
-lazy 60.1 (84): 0.224 x paired, FAIL. Without the broker a lazy record refused `pool_full` costs
+most of raw's). Both paths got cheaper and raw's ratio to lazy fell. The idle machine, one day,
+10,000 nodes x 2 (us of CPU per message): with the counters and the due check alone, raw 29.8 / 22.4
+and lazy 78.4 / 74.1 in two runs (0.384 / 0.315 x paired); with the stores too, raw 21.2, lazy 70.9
+(0.306 x, FAIL; the last run before all of it, on the slow day above: raw 30, lazy 91, 0.335 x).
+Interleaved raw and lazy passes of the code before and after (3 rounds): raw 30-39 -> 18-32, lazy
+64-99 -> 51-84. 1,000 nodes x 20: raw 13.8 (34 before), lazy 60.1 (84): 0.224 x paired, FAIL. Without the broker a lazy record refused `pool_full` costs
 ~14 us and a pooled one ~30-45 us plus its share of the batches (~16 us), one Python call after
 another; raw's whole per-record cost is now below the first.
 
