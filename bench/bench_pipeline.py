@@ -137,7 +137,9 @@ a host about 1.5 x slower (the in-process round 5.4-5.7 s where it took 3.6-4.0)
 Four days later, after the per-record counters became plain numbers read at scrape time and the
 consumer loops stored finished positions at most every 0.1 s (no change to a round's path): the
 in-process round 6.0-6.6 s, services 9.47-9.48: 1.433 / 1.585, +50.5% (FAIL; services 210-223 CPU s,
-broker 14.0-14.3), at the top of the spread of the runs above (+28.6% to +49.1%).
+broker 14.0-14.3), at the top of the spread of the runs above (+28.6% to +49.1%). Then the code
+before and after, alternating, one repeat each (the code before under PYTHONPATH): before 1.433 /
+1.398, after 1.470 / 1.414 (services 197-216 against 213-219 CPU s): no difference this host shows.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_pipeline.py [--model warm:0] [--nodes 4] [--rounds 10]
         [--repeats 2] [--one-wait | --side-by-side]
