@@ -177,9 +177,10 @@ most of raw's). Both paths got cheaper and raw's ratio to lazy fell. The idle ma
 and lazy 78.4 / 74.1 in two runs (0.384 / 0.315 x paired); with the stores too, raw 21.2, lazy 70.9
 (0.306 x, FAIL; the last run before all of it, on the slow day above: raw 30, lazy 91, 0.335 x).
 Interleaved raw and lazy passes of the code before and after (3 rounds): raw 30-39 -> 18-32, lazy
-64-99 -> 51-84. 1,000 nodes x 20: raw 13.8 (34 before), lazy 60.1 (84): 0.224 x paired, FAIL. Without the broker a lazy record refused `pool_full` costs
-~14 us and a pooled one ~30-45 us plus its share of the batches (~16 us), one Python call after
-another; raw's whole per-record cost is now below the first.
+64-99 -> 51-84. 1,000 nodes x 20: raw 13.8 (34 before), lazy 60.1 (84): 0.224 x paired, FAIL.
+Without the broker a lazy record refused `pool_full` costs ~14 us and a pooled one ~30-45 us plus
+its share of the batches (~16 us), one Python call after another; raw's whole per-record cost is
+now below the first.
 
     .venv/bin/python bench/bench_sampler.py [--nodes 1000] [--groups-per-node 20] [--rounds 5]
 """
