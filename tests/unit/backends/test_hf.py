@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors.torch import save_file
 from transformers import (
     DynamicLayer,
@@ -16,7 +18,7 @@ from transformers import (
 )
 
 from sapo.backends import GenerationBackend, Sample, SamplingConfig, TransformersBackend
-from sapo.backends.hf import ReservedLayer, _RowSampler
+from sapo.backends.hf import DRAW_BLOCK, ReservedLayer, _RowSampler, draw_index
 from sapo.models import build_tiny_model, load_model
 from sapo.models.tiny import TinySpec, tiny_config
 
@@ -103,6 +105,54 @@ def test_seeded_draw_picks_what_an_inverse_cdf_over_the_tempered_softmax_picks(t
     )
     reference = torch.log_softmax(original / temperature, dim=-1).gather(1, chosen[:, None]).squeeze(1)
     torch.testing.assert_close(sampler.logprob_of(chosen), reference, atol=1e-5, rtol=0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=3 * DRAW_BLOCK + 5), st.floats(0, 1)),
+        min_size=1,
+        max_size=4,
+    ),
+    vocab=st.sampled_from([1, 7, DRAW_BLOCK, 2 * DRAW_BLOCK + 1, 3 * DRAW_BLOCK]),
+)
+def test_two_level_draw_finds_what_a_search_over_the_whole_cumulative_sum_finds(
+    rows: list[tuple[list[int], float]], vocab: int
+) -> None:
+    """Integer weights (zeros included) in float64 make every sum exact, so the block sums and the
+    one block's cumulative sum must pick exactly the token a search over the whole row's cumulative
+    sum picks, draws on a boundary included (a draw of 1.0 stands for the top of the range)."""
+    weights = torch.tensor([(w * (vocab // len(w) + 1))[:vocab] for w, _ in rows], dtype=torch.float64)
+    weights[:, -1] += 1  # every row has weight somewhere
+    cdf = weights.cumsum(dim=1)
+    totals = cdf[:, -1]
+    # Draws on a cumulative boundary (k / total) as well as anywhere in the range.
+    draws = torch.tensor(
+        [float(cdf[i, int(u * (vocab - 1))] / totals[i]) if u < 0.5 else u for i, (_, u) in enumerate(rows)],
+        dtype=torch.float64,
+    )
+    chosen, got_totals = draw_index(weights, draws)
+    expected = torch.searchsorted(cdf, (draws * totals)[:, None]).clamp_max(vocab - 1)
+    assert torch.equal(chosen, expected)
+    assert torch.equal(got_totals, totals)
+
+
+def test_two_level_draw_never_picks_a_zero_weight_token() -> None:
+    weights = torch.zeros(3, 5 * DRAW_BLOCK + 17)
+    weights[0, 3] = 1.0  # one token in the first block
+    weights[1, 5 * DRAW_BLOCK + 16] = 2.0  # the last token, in the partial block
+    weights[2, DRAW_BLOCK - 1] = weights[2, DRAW_BLOCK] = 0.5  # either side of a block boundary
+    for u in (1e-9, 0.25, 0.5, 0.75, 1 - 1e-7):
+        chosen, _ = draw_index(weights, torch.full((3,), u))
+        assert chosen[0].item() == 3 and chosen[1].item() == 5 * DRAW_BLOCK + 16
+        assert chosen[2].item() == (DRAW_BLOCK - 1 if u <= 0.5 else DRAW_BLOCK)
+
+
+def test_two_level_draw_refuses_weights_that_diverged() -> None:
+    weights = torch.ones(2, 2 * DRAW_BLOCK)
+    weights[1, 10] = float("nan")
+    with pytest.raises(RuntimeError, match="inf, nan"):
+        draw_index(weights, torch.full((2,), 0.5))
 
 
 def test_stop_string_ends_each_sequence_at_the_token_that_completes_it(
