@@ -11,6 +11,8 @@ Variants (each a `TransformersBackend` over its own copy of SmolLM2-135M-Instruc
 - `concat-cache`: the baseline with the shared prompt cache growing by concatenation, as transformers'
   `DynamicLayer` does (what the generator ran before `ReservedLayer`: every decode step copied every
   row's cache);
+- `generate-decode`: the baseline with transformers' `generate` decoding (copying each step's logits
+  and taking the maximum of one-hot scores the seeded draw wrote) instead of the backend's own loop;
 - `eager-attention`: transformers' plain attention instead of SDPA;
 - `int8-dynamic`: `SAPO_GENERATOR_QUANTIZATION=int8-dynamic`, linear layers of a copy quantized to int8
   (torch dynamic quantization); the policy's fp32 weights stay what the trainer and reloads see;
@@ -90,6 +92,7 @@ MAX_GAP = 0.1
 BF16 = "bf16"
 PER_ROW = "prompt-per-row"
 CONCAT = "concat-cache"
+GENERATE = "generate-decode"
 
 
 def eager(model: PreTrainedModel) -> PreTrainedModel:
@@ -103,9 +106,11 @@ def variants(threads: int) -> dict[str, tuple[Callable[[], TransformersBackend],
     def backend(
         prepare: Callable[[PreTrainedModel], PreTrainedModel],
         quantization: str = "",
+        *,
         dtype: torch.dtype = torch.float32,
         share_prompt: bool = True,
         reserve_cache: bool = True,
+        own_decode: bool = True,
     ) -> TransformersBackend:
         model, tokenizer = load_model(BUNDLED_REF, dtype=dtype)
         return TransformersBackend(
@@ -114,6 +119,7 @@ def variants(threads: int) -> dict[str, tuple[Callable[[], TransformersBackend],
             quantization=quantization,
             share_prompt=share_prompt,
             reserve_cache=reserve_cache,
+            own_decode=own_decode,
         )
 
     same: Callable[[PreTrainedModel], PreTrainedModel] = lambda m: m  # noqa: E731 - a one-line identity
@@ -121,6 +127,7 @@ def variants(threads: int) -> dict[str, tuple[Callable[[], TransformersBackend],
         "baseline": (lambda: backend(same), threads, ""),
         PER_ROW: (lambda: backend(same, share_prompt=False), threads, ""),
         CONCAT: (lambda: backend(same, reserve_cache=False), threads, ""),
+        GENERATE: (lambda: backend(same, own_decode=False), threads, ""),
         "eager-attention": (lambda: backend(eager), threads, ""),
         INT8_DYNAMIC: (lambda: backend(same, INT8_DYNAMIC), threads, INT8_DYNAMIC),
         BF16: (lambda: backend(same, dtype=torch.bfloat16), threads, ""),
@@ -205,6 +212,14 @@ def main() -> None:
     if CONCAT in rate:
         print(
             f"room reserved in the prompt cache: {rate['baseline'] / rate[CONCAT]:.2f}x {CONCAT}'s tokens/s"
+        )
+    if GENERATE in rate:
+        same = [[s.token_ids for s in g] for g in last[GENERATE]] == [
+            [s.token_ids for s in g] for g in last["baseline"]
+        ]
+        print(
+            f"the backend's own decode loop: {rate['baseline'] / rate[GENERATE]:.2f}x {GENERATE}'s tokens/s"
+            f" ({'the same' if same else 'OTHER'} tokens)"
         )
     policy = built["baseline"][0].model  # fp32: what the trainer holds
     for name in (n for n in (INT8_DYNAMIC, BF16) if n in built):

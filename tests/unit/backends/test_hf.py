@@ -400,6 +400,33 @@ def test_prompts_read_once_sample_what_prompts_read_per_row_sample(
             torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("architecture", ["llama", "sliding-window"])
+def test_own_decode_loop_samples_exactly_what_generate_samples(
+    tokenizer: PreTrainedTokenizerBase, prompts: list[list[int]], architecture: str
+) -> None:
+    """`_decode` replaces ``generate`` for seeded batches with a shared prompt cache: bit for bit the
+    same tokens, log-probs and finish reasons, with stop strings, a stop token, cut-offs and rows that
+    finish at different steps."""
+
+    def build() -> PreTrainedModel:
+        return build_tiny_model(tokenizer, seed=0) if architecture == "llama" else windowed_model(tokenizer)
+
+    batch = [*prompts, prompts[1][-1:]]
+    eos = list(range(0, len(tokenizer), 7))  # a seventh of the vocabulary ends a row
+    for params in (
+        SamplingConfig(max_new_tokens=12, num_samples=3, seed=5, stop=("e",)),
+        SamplingConfig(max_new_tokens=6, num_samples=2, seed=6, temperature=0.7, top_p=0.8, top_k=40),
+    ):
+        ours, reference = (
+            TransformersBackend(build(), tokenizer, eos_token_ids=eos, own_decode=own).generate(batch, params)
+            for own in (True, False)
+        )
+        assert len({len(s.token_ids) for g in ours for s in g}) > 1  # rows finished at different steps
+        assert [[(s.token_ids, s.logprobs, s.finish_reason) for s in g] for g in ours] == [
+            [(s.token_ids, s.logprobs, s.finish_reason) for s in g] for g in reference
+        ]
+
+
 def _states(batch: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Random keys and values: `batch` rows, 2 heads, `length` positions, head size 4."""
     generator = torch.Generator().manual_seed(seed)
