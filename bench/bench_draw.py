@@ -65,18 +65,18 @@ def generation_share(model: str, rows: int) -> None:
     backend = TransformersBackend.from_model_ref(model)
     prompts = [[(7 * i + j) % 1000 + 10 for j in range(120 + 10 * i)] for i in range(8)]
     spent = [0.0]
-    inner = hf._RowSampler.__call__
+    inner = hf._RowSampler._draw
 
     def timed(
-        self: hf._RowSampler, input_ids: torch.LongTensor, scores: torch.FloatTensor
-    ) -> torch.FloatTensor:
+        self: hf._RowSampler, input_ids: torch.Tensor, scores: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         start = time.perf_counter()
         try:
             return inner(self, input_ids, scores)
         finally:
             spent[0] += time.perf_counter() - start
 
-    hf._RowSampler.__call__ = timed  # type: ignore[method-assign]
+    hf._RowSampler._draw = timed  # type: ignore[method-assign]
     try:
         params = SamplingConfig(max_new_tokens=32, num_samples=max(1, rows // 8), seed=1)
         for _ in range(3):
@@ -88,7 +88,7 @@ def generation_share(model: str, rows: int) -> None:
                 f"{model}: a generation call {wall:.2f} s, the draws {spent[0]:.2f} s ({spent[0] / wall:.0%})"
             )
     finally:
-        hf._RowSampler.__call__ = inner  # type: ignore[method-assign]
+        hf._RowSampler._draw = inner  # type: ignore[method-assign]
 
 
 def main() -> None:
