@@ -50,6 +50,11 @@ shape; three experiment processes on the cores, load average ~5; medians of 2):
   cache of all 64 rows (up to 387 + 24 positions, 30 layers: ~1.2 GB). What is left of a batch:
   the linear layers ~60%, attention ~35% (SDPA reads every row's cache each step, the prompt part
   8 times over as the L rows of a prompt hold copies of it).
+- the backend's own decode loop for seeded batches (`sapo.backends.hf._decode`, the default since;
+  `generate-decode` is what ran before), with the two-level seeded draw in both: 1.04x (idle machine,
+  4 x 4 x 32, medians of 3: 14.98 -> 14.47 s per batch), the same tokens. The 49k-vocabulary passes
+  it saves (a copy of the logits, one-hot scores, their maximum) are a small part of a 135M step; for
+  the warm tiny model at 8 x 8 x 32 the call took 0.75x the CPU (`docs/models.md`).
 - `bf16`: 1.13x, 0.027 nats per token from the policy (0.8% of tokens with pi/mu outside [0.8,
   1.28]): fidelity PASS, speed FAIL at this shape (a 16 x 250-token forward pass alone was 1.9x
   faster in bf16 on this AVX512-BF16 CPU; the decode steps' per-step overhead does not shrink).

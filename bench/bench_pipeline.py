@@ -141,6 +141,12 @@ broker 14.0-14.3), at the top of the spread of the runs above (+28.6% to +49.1%)
 before and after, alternating, one repeat each (the code before under PYTHONPATH): before 1.433 /
 1.398, after 1.470 / 1.414 (services 197-216 against 213-219 CPU s): no difference this host shows.
 
+Then seeded generation batches were decoded by the backend's own loop with a cheaper draw (work both
+modes share: a warm:0 generation call of 8 x 8 took 0.75x the CPU): `--side-by-side --repeats 2`, idle
+machine, in process 5.88 / 6.04 s per round, services 8.86 / 8.86: 1.507 / 1.468, +48.7% (FAIL;
+services 217-230 CPU s, broker 14.0-15.3). The cheaper the model work both modes share, the larger
+the services' fixed cost is as a share of a round.
+
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_pipeline.py [--model warm:0] [--nodes 4] [--rounds 10]
         [--repeats 2] [--one-wait | --side-by-side]
 
