@@ -1,12 +1,22 @@
 """Checkpoint publish -> generator serving the new weights, bundled 135M model, `file://` and `s3://`.
 
 Generators run their real wiring (runtime, policy follower, work consumer; embedded broker) in threads
-of this process with no work planned, so they sit waiting for the next policy version, as lock-step
-replicas do while their trainer steps.
+of this process, waiting on their work topic as lock-step replicas do while their trainer steps; the
+node's work topic has one partition per replica.
 For each version: write it with `CheckpointStore.publish` (timed: the trainer's cost), start the clock,
-announce the PolicyUpdate (acknowledged), stop it when the backend reports the new version (first
-replica, and every replica). The store is a local directory (`file://`) or a bucket of moto's S3 server
-on 127.0.0.1 (`s3://`, explicit credentials through AWS_* variables).
+announce the PolicyUpdate (acknowledged) and plan that round's work (`WorkPlanner`: one item per replica,
+flushed), in the trainer's order; stop the clock when the backend reports the new version (first
+replica, and every replica). The round's groups (2 completions of 1 token) are sampled before the
+baselines are timed, so nothing else runs while they are.
+The store is a local directory (`file://`) or a bucket of moto's S3 server on 127.0.0.1 (`s3://`,
+explicit credentials through AWS_* variables).
+
+Why the work: an idle generator blocks on its work topic, not the policy topic (`sapo.node.generator`:
+in lock-step the trainer announces a version, then plans the round that needs it), so a version that no
+work follows is loaded at the generator's next wake-up (up to 0.5 s), when nothing waits on it. Without
+the work this bench timed that wake-up: 1.96x and 1.55x a bare load for 1 and 2 replicas, where the
+load path itself took 0.07-0.08 s. With the work, the same day: 0.95x and 1.00x (PASS); s3 (moto) 1.09x
+and 1.19x a bare download.
 
 Baselines in the same run, page cache warm: a bare `safetensors.torch.load_file` of the same weights
 from one local file + `load_state_dict` into a copy of the model (the target: publish -> swapped within
@@ -45,9 +55,11 @@ from sapo.backends import TransformersBackend
 from sapo.broker import EmbeddedBroker
 from sapo.checkpoints import CheckpointStore, Written
 from sapo.generator.settings import GeneratorSettings
+from sapo.generator.work import Pacing, PacingMode
 from sapo.kafka import KafkaPublisher
 from sapo.models import BUNDLED_REF
 from sapo.node.generator import GeneratorService
+from sapo.node.planner import WorkPlanner
 from sapo.runtime import Runtime, start_runtime
 from sapo.settings import ConsumerProfile, KafkaConnection
 from sapo.tensorfile import dedupe
@@ -97,7 +109,8 @@ class Timings:
 @contextmanager
 def generators(bootstrap: str, node: str, replicas: int) -> Iterator[list[tuple[Runtime, GeneratorService]]]:
     """`replicas` generator wirings of `node`, each running in a thread, stopped on exit."""
-    ensure_topics({"bootstrap.servers": bootstrap}, TopicNames.for_node(node).specs(), timeout_s=30)
+    specs = TopicNames.for_node(node).specs(work_partitions=replicas)
+    ensure_topics({"bootstrap.servers": bootstrap}, specs, timeout_s=30)
     settings = GeneratorSettings(
         node_id=node,
         kafka=KafkaConnection(bootstrap_servers=bootstrap),
@@ -156,9 +169,11 @@ def load_seconds(runtime: Runtime) -> float:
 
 
 def wait_idle(running: Sequence[tuple[Runtime, GeneratorService]]) -> None:
-    """Every replica has caught up with the policy topic and waits on its work consumer."""
+    """Every replica has caught up with the policy topic and owns a partition of the work topic."""
     for _, core in running:
         wait(lambda core=core: int(core.work.opened), 1, "the generator's start")  # type: ignore[misc]
+    for _, core in running:
+        wait(lambda core=core: len(core.work.assigned), 1, "a work partition")  # type: ignore[misc]
 
 
 def measure(bootstrap: str, url: str, replicas: int, repeats: int, base: Baseline) -> Timings:
@@ -169,7 +184,11 @@ def measure(bootstrap: str, url: str, replicas: int, repeats: int, base: Baselin
     publisher = KafkaPublisher({"bootstrap.servers": bootstrap})
     node = f"bench-{url.split(':', maxsplit=1)[0]}-{replicas}"
     with generators(bootstrap, node, replicas) as running:
-        topic = running[0][0].topics.policy
+        topics = running[0][0].topics
+        lockstep = Pacing(PacingMode.LOCKSTEP, max_ahead=0, rounds=0)
+        planner = WorkPlanner(
+            publisher, topics.work, node, per_round=replicas, pacing=lockstep, flush_timeout_s=30
+        )
         backends = [core.backend for _, core in running]
         wait_idle(running)
         for version in range(1, repeats + 1):
@@ -179,12 +198,15 @@ def measure(bootstrap: str, url: str, replicas: int, repeats: int, base: Baselin
             timings.write.append(time.perf_counter() - started)
             loaded_before = load_seconds(running[0][0])
             started = time.perf_counter()
-            publisher.send_sync(topic, node.encode(), update(written, version))
+            publisher.send_sync(topics.policy, node.encode(), update(written, version))
+            planner.plan(version)
             wait(lambda: max(b.model_version for b in backends), version, f"a load of v{version}")
             timings.first.append(time.perf_counter() - started)
             wait(lambda: min(b.model_version for b in backends), version, f"every load of v{version}")
             timings.every.append(time.perf_counter() - started)
             timings.load.append(load_seconds(running[0][0]) - loaded_before)
+            generated = lambda: sum(core.generated for _, core in running)  # noqa: E731
+            wait(generated, replicas * version, f"round {version}'s groups")
             timings.bare.append(bare_local(base.model, base.file))
             if not written.directory.local:
                 timings.bare_store.append(bare_store(base.model, written))
