@@ -26,6 +26,7 @@ from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTO
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+from sapo.cpuslice import request_cpu_slice
 from sapo.kafka import DeadLetters, KafkaConsumerClient, KafkaPublisher, TransportMetrics
 from sapo.kafka.chunks import chunk_size
 from sapo.lifecycle import StopFlag, install_signal_handlers
@@ -95,6 +96,7 @@ class Runtime:
 def start_runtime(service: str, settings: ServiceSettings, *, install_signals: bool = True) -> Runtime:
     configure_logging(settings.log_level, settings.log_format, service, settings.node_id)
     log.info("starting %s with %s", service, describe(settings))
+    request_cpu_slice(settings.cpu_slice_ms)  # before the server's and clients' threads: they inherit it
     registry = CollectorRegistry()
     # The default process_* (CPU, memory, fds, start time: the alerts' warm-up) and python_* series.
     for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):

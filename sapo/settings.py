@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, m
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from sapo.cpuslice import DEFAULT_SLICE_MS, MAX_SLICE_MS
 from sapo.identity.settings import IdentitySettings
 from sapo.topics import DEFAULT_MAX_MESSAGE_BYTES, NODE_ID_PATTERN
 
@@ -244,6 +245,15 @@ class ServiceSettings(BaseSettings):
     )
     log_level: str = Field("INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$", description="Log level.")
     log_format: LogFormat = Field(LogFormat.JSON, description="json for clusters, text for terminals.")
+    cpu_slice_ms: float = Field(
+        DEFAULT_SLICE_MS,
+        ge=0.0,
+        le=MAX_SLICE_MS,
+        description="CPU time slice every thread of the process asks the kernel for (Linux 6.12+, "
+        "`sapo.cpuslice`): on a CPU shared with other busy processes, a thread that wakes (a Kafka "
+        "client's, the HTTP server's) waits for the running one's slice instead of preempting a model "
+        "step. 0 = the kernel's default slice.",
+    )
     max_message_bytes: int = Field(
         DEFAULT_MAX_MESSAGE_BYTES,
         ge=64 * 1024,

@@ -22,7 +22,15 @@ PACKAGES = ("sapo", "services")
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("sapo.v1",),
-    ("sapo.wire", "sapo.topics", "sapo.lifecycle", "sapo.identity", "sapo.settings", "sapo.malloc"),
+    (
+        "sapo.wire",
+        "sapo.topics",
+        "sapo.lifecycle",
+        "sapo.identity",
+        "sapo.settings",
+        "sapo.malloc",
+        "sapo.cpuslice",
+    ),
     ("sapo.digests", "sapo.tensorfile", "sapo.storage"),
     ("sapo.tasks", "sapo.convert", "sapo.grpo", "sapo.kafka", "sapo.ops", "sapo.checkpoints", "sapo.broker"),
     ("sapo.models", "sapo.runtime"),

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import TextIO
 
+from sapo.cpuslice import DEFAULT_SLICE_MS, request_cpu_slice
 from sapo.lifecycle import StopFlag, install_signal_handlers
 from sapo.settings import ConsumerProfile
 from sapo.swarm.launcher import Swarm
@@ -51,6 +52,8 @@ def run_swarm(
     `consumer`: the consumer timing of every process (None: `Swarm`'s choice)."""
     stop = StopFlag()
     install_signal_handlers(stop)
+    # Before the broker and the services start: they inherit it (`sapo.cpuslice`; the services ask again).
+    request_cpu_slice(DEFAULT_SLICE_MS)
     swarm = Swarm(manifest, run_dir, consumer=consumer)
     rounds = max(n.rounds for n in manifest.nodes)
     code = 0

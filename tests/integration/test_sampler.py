@@ -29,6 +29,7 @@ from sapo.settings import ConsumerProfile
 from sapo.topics import TopicNames, ensure_topics
 from sapo.v1 import batch_pb2, rollout_pb2
 from tests.integration.kafka_helpers import consumer
+from tests.sched import kernel_has_custom_slices, process_slices_ns
 from tests.unit.sampler.builders import encoded, questions, real_group
 
 pytestmark = pytest.mark.integration
@@ -298,6 +299,8 @@ def test_sigkill_mid_stream_neither_loses_nor_repeats_a_batch_or_a_group(
             producer.join(30)
             batches = reader.batches(pairs // 2, timeout_s=45)
             assert _get(log_path, "/readyz") == "ready\n"  # recovered, partitions assigned
+            if kernel_has_custom_slices():  # every thread of the process, as SAPO_SAMPLER_CPU_SLICE_MS says
+                assert set(process_slices_ns(second.pid).values()) == {50_000_000}
         finally:
             second.send_signal(signal.SIGTERM)
             code = second.wait(20)

@@ -63,6 +63,7 @@ def test_node_seed_defaults_to_a_stable_function_of_the_node_id() -> None:
         ({"temperature": 0}, "SAPO_GENERATOR_TEMPERATURE"),
         ({"profile": "hard"}, "neither a built-in profile"),
         ({"device": "gpu"}, "SAPO_GENERATOR_DEVICE"),
+        ({"cpu_slice_ms": 150}, "SAPO_GENERATOR_CPU_SLICE_MS"),
         ({"quantization": "int8-dynamic", "dtype": "bfloat16"}, "SAPO_GENERATOR_DTYPE=float32"),
         ({"quantization": "int8-dynamic", "device": "cuda"}, "SAPO_GENERATOR_DEVICE=cpu"),
         ({"quantization": "int4"}, "SAPO_GENERATOR_QUANTIZATION"),
