@@ -151,10 +151,10 @@ Then the generation calls' and training steps' extra CPU in the services (1.2-1.
 reason not found" above) was found: Linux's fair scheduler (EEVDF) let every waking thread with its
 1.4 ms default slice preempt a model step mid-slice, above all the broker answering fetches. The
 services and the launcher (so the broker, which it starts) now ask for a 50 ms slice
-(`sapo.cpuslice`). Per call, CPU of the calling thread, 6 rounds in turn: generation 0.58-0.62 ->
-0.50 s, a training step 1.09-1.17 -> 0.97 (in process 0.43-0.55 and 0.75-0.95); services 8.68-8.79
--> 7.06 s per round, the broker 6.9-7.4 -> 4.0 CPU s a run. Asking only in the services, with the
-broker at the default, changed nothing (8.68). `--side-by-side --repeats 2`: services 8.21 / 8.85,
+(`sapo.cpuslice`). Per call, CPU of the calling thread, 6 rounds in turn: generation 0.58 -> 0.50
+s, a training step 1.17 -> 0.97 (in process 0.43-0.55 and 0.75-0.95); services 8.70 -> 7.06 s per
+round, the broker 6.9 -> 4.0 CPU s a run. Asking only in the services, with the broker at the
+default, changed nothing (8.68 and 8.79 s per round). `--side-by-side --repeats 2`: services 8.21 / 8.85,
 in process 6.35 / 6.35: 1.293 / 1.392, +34.2% (FAIL; services 187-213 CPU s, broker 10.3-12.2).
 Side by side, the two modes share the host's last-level cache and memory; in turn (6 rounds, one
 repeat) the same code read +13.7%, the in-process round 6.21 s that time (5.1-6.2 across runs).

@@ -21,8 +21,9 @@ calling thread per generation call and per training step, medians):
 
 | | s per round | generation call | training step | broker CPU s |
 |---|---|---|---|---|
-| kernel default (3 runs) | 8.68-8.79 | 0.58-0.62 | 1.09-1.17 | 6.9-7.4 |
-| the services ask, the broker keeps the default | 8.68 | 0.59 | 1.11 | 7.4 |
+| kernel default | 8.70 | 0.58 | 1.17 | 6.9 |
+| only the services' model threads ask | 8.79 | 0.62 | 1.09 | 7.4 |
+| every thread of the services asks, the broker keeps the default | 8.68 | 0.59 | 1.11 | 7.4 |
 | the services and the launcher ask (the broker inherits) | 7.06 | 0.50 | 0.97 | 4.0 |
 | the same calls in one process, no Kafka | 5.1-6.2 | 0.43-0.55 | 0.75-0.95 | - |
 
