@@ -205,8 +205,11 @@ def measure(bootstrap: str, url: str, replicas: int, repeats: int, base: Baselin
             wait(lambda: min(b.model_version for b in backends), version, f"every load of v{version}")
             timings.every.append(time.perf_counter() - started)
             timings.load.append(load_seconds(running[0][0]) - loaded_before)
-            generated = lambda: sum(core.generated for _, core in running)  # noqa: E731
-            wait(generated, replicas * version, f"round {version}'s groups")
+            wait(
+                lambda: sum(core.generated for _, core in running),
+                replicas * version,
+                f"round {version}'s groups",
+            )
             timings.bare.append(bare_local(base.model, base.file))
             if not written.directory.local:
                 timings.bare_store.append(bare_store(base.model, written))
