@@ -158,6 +158,9 @@ default, changed nothing (8.68 and 8.79 s per round). `--side-by-side --repeats 
 in process 6.35 / 6.35: 1.293 / 1.392, +34.2% (FAIL; services 187-213 CPU s, broker 10.3-12.2).
 Side by side, the two modes share the host's last-level cache and memory; in turn (6 rounds, one
 repeat) the same code read +13.7%, the in-process round 6.21 s that time (5.1-6.2 across runs).
+The slice's length, one 6-round run in turn each (the launcher's and services' default patched):
+20 ms 6.59 s per round against 5.22 in process (+26.2%), 100 ms 5.98 against 5.42 (+10.3%; a call
+then cost its in-process CPU: generation 0.44 s, a step 0.82); 50 ms, the default, 7.06 against 6.21.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_pipeline.py [--model warm:0] [--nodes 4] [--rounds 10]
         [--repeats 2] [--one-wait | --side-by-side]
