@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from sapo.cpuslice import DEFAULT_SLICE_MS
 from sapo.kafka import DeadLetters, KafkaPublisher, Record, TransportMetrics
 from sapo.lifecycle import StopFlag
 from sapo.node.metrics import SamplerMetrics
@@ -300,7 +301,7 @@ def test_sigkill_mid_stream_neither_loses_nor_repeats_a_batch_or_a_group(
             batches = reader.batches(pairs // 2, timeout_s=45)
             assert _get(log_path, "/readyz") == "ready\n"  # recovered, partitions assigned
             if kernel_has_custom_slices():  # every thread of the process, as SAPO_SAMPLER_CPU_SLICE_MS says
-                assert set(process_slices_ns(second.pid).values()) == {50_000_000}
+                assert set(process_slices_ns(second.pid).values()) == {round(DEFAULT_SLICE_MS * 1e6)}
         finally:
             second.send_signal(signal.SIGTERM)
             code = second.wait(20)
