@@ -14,9 +14,14 @@ sample to a component:
 
 A sample goes to start-up when any of its frames is an import; otherwise to the innermost frame that
 belongs to a known component (so torch code called from a checkpoint write counts as checkpoint I/O,
-and the hashing under sapo.digests as digests). py-spy counts a sample for a thread that is running
-or runnable (not for one blocked in a poll or a sleep: `--idle` is off), so the figures are CPU demand
-per process; the tables show seconds = samples / rate.
+and the hashing under sapo.digests as digests). py-spy is meant to count a sample only for a thread that is
+running or runnable (`--idle` is off), but it still reports threads blocked in some waits now and then
+(an ops server's select, a stop flag's wait: `IDLE_LEAVES`); those samples are counted apart and left
+out. Each process kind's CPU seconds from /proc are split in the proportions of its samples.
+
+The first table needs no sampling: each process kind's CPU from /proc between the first version 1 and
+the last node's last version (bench_pipeline's window), per round, with how busy the pinned CPU was
+(below 100%, the round also waited on something other than CPU).
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/profile_round.py --out results/profile
 
@@ -45,6 +50,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench_pipeline import bench_manifest, kafka, seconds_per_round
+
+from sapo.swarm.history import STEPS_DIR, read_rows
+from sapo.swarm.manifest import SwarmManifest
 
 ROLES = ("generator", "sampler", "trainer", "launcher")
 # What the in-process run does as well; the other components are (mostly) the pipeline's own cost.
@@ -87,8 +95,10 @@ COMPONENTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("swarm monitor", ("sapo/swarm/",)),
 )
 IMPORT_MARKERS = ("<frozen importlib", "importlib/__init__.py")
-# Building a service: model and tokenizer loads, gc.freeze of the start-up objects.
+# Building a service (model and tokenizer loads, gc.freeze of the start-up objects); the launcher
+# starting the broker and the services.
 START_UP_MARKERS = (
+    "Swarm.start (",
     "from_pretrained",
     "load_model (",
     "sapo/node/build.py",
@@ -96,6 +106,11 @@ START_UP_MARKERS = (
     "freeze_startup_objects (",
     "TokenizersBackend.__init__",
 )
+
+# Innermost frames of a thread blocked in a wait (an ops server's select, a sampler's idle pause, a
+# stop flag's wait): py-spy's --nonblocking sampling still reports such threads now and then, and a
+# sample of one would take a share of its process's CPU from the work that used it.
+IDLE_LEAVES = ("_PollLikeSelector.select (", "Condition.wait (", "socket.accept (")
 
 PROCESS = re.compile(r'^process (\d+):"(.*?)"$', re.S)
 
@@ -109,6 +124,8 @@ class Tally:
         default_factory=lambda: collections.defaultdict(collections.Counter)
     )
     stacks: collections.Counter[str] = field(default_factory=collections.Counter)
+    idle: collections.Counter[str] = field(default_factory=collections.Counter)
+    """Samples per role of threads blocked in a wait (`IDLE_LEAVES`), left out of `samples`."""
 
 
 def role_of(command: str) -> str:
@@ -129,11 +146,14 @@ class CpuWatch(threading.Thread):
         self.last: dict[int, tuple[str, float]] = {}
         self.tick = os.sysconf("SC_CLK_TCK")
         self.own_cpu = 0.0  # this thread's: the launcher's figure leaves it out
+        self.series: list[tuple[float, dict[str, float]]] = []
+        """(wall time, CPU seconds per role so far) after every reading."""
         self.own_command = Path("/proc/self/cmdline").read_bytes().replace(b"\0", b" ").decode()
 
     def run(self) -> None:
         while not self.halt.wait(0.5):
             self.read()
+            self.series.append((time.time(), self._totals(time.thread_time())))
         self.own_cpu = time.thread_time()
 
     def read(self) -> None:
@@ -154,6 +174,21 @@ class CpuWatch(threading.Thread):
                 known = self.last.get(pid, ("", 0.0))[0]
                 self.last[pid] = (known or self._command(pid), cpu)
 
+    def _totals(self, own_cpu: float) -> dict[str, float]:
+        """CPU seconds per role so far; `own_cpu`: this thread's, left out of the launcher's."""
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        out: dict[str, float] = {"launcher": own.ru_utime + own.ru_stime - own_cpu}
+        for command, cpu in self.last.values():
+            out[role_of(command)] = out.get(role_of(command), 0.0) + cpu
+        return out
+
+    def between(self, start: float, end: float) -> tuple[float, dict[str, float]]:
+        """(seconds, CPU seconds per role) between the readings nearest two wall times."""
+        first = min(self.series, key=lambda item: abs(item[0] - start))
+        last = min(self.series, key=lambda item: abs(item[0] - end))
+        roles = set(first[1]) | set(last[1])
+        return last[0] - first[0], {r: last[1].get(r, 0.0) - first[1].get(r, 0.0) for r in roles}
+
     def _command(self, pid: int) -> str:
         """The process's command line once it has one of its own: empty for a zombie, and the parent's
         between fork and exec (read again next time)."""
@@ -167,11 +202,7 @@ class CpuWatch(threading.Thread):
         self.halt.set()
         self.join()
         self.read()
-        own = resource.getrusage(resource.RUSAGE_SELF)
-        out: dict[str, float] = {"launcher": own.ru_utime + own.ru_stime - self.own_cpu}
-        for command, cpu in self.last.values():
-            out[role_of(command)] = out.get(role_of(command), 0.0) + cpu
-        return out
+        return self._totals(self.own_cpu)
 
     def processes(self) -> dict[str, tuple[str, float]]:
         return {str(pid): entry for pid, entry in self.last.items()}
@@ -206,6 +237,9 @@ def tally(lines: Iterable[str]) -> Tally:
         by_frames = (r for r in ROLES[:3] for f in frames[:4] if f"services/{r}/main.py" in f)
         role = next(by_frames, role_of(labels[-1]) if labels else "launcher")  # threads: by label
         count = int(count_text)
+        if any(frames[-1].startswith(leaf) for leaf in IDLE_LEAVES):
+            out.idle[role] += count
+            continue
         component = component_of(frames)
         out.samples[(role, component)] += count
         if component != "start-up":
@@ -260,6 +294,27 @@ def split(seconds: dict[tuple[str, str], float]) -> tuple[float, float, float]:
     return start, shared, sum(seconds.values()) - start - shared
 
 
+def window(run_dir: Path, manifest: SwarmManifest) -> tuple[float, float]:
+    """Wall times of the first node's version 1 and the last node's last version: bench_pipeline's
+    window, over which its seconds per round are measured."""
+    firsts, lasts = [], []
+    for node in manifest.nodes:
+        created = sorted(r["created_at"] for r in read_rows(run_dir / STEPS_DIR / f"{node.id}.jsonl"))
+        firsts.append(created[0])
+        lasts.append(created[-1])
+    return min(firsts), max(lasts)
+
+
+def window_table(window_cpu: dict[str, float], seconds: float, rounds: int, cpus: int) -> str:
+    """CPU seconds per round of each process kind within the window, and how busy the CPUs were."""
+    roles = [r for r in (*ROLES, "broker") if r in window_cpu]
+    total = sum(window_cpu.values())
+    head = "| " + " | ".join(roles) + " | all | busy share of the CPUs |"
+    rule = "|" + "---|" * (len(roles) + 2)
+    cells = " | ".join(f"{window_cpu[r] / rounds:.2f}" for r in roles)
+    return f"{head}\n{rule}\n| {cells} | {total / rounds:.2f} | {total / (seconds * cpus):.0%} |"
+
+
 def inner(args: argparse.Namespace) -> int:
     """The profiled process: the bench's Kafka swarm, then seconds per round into --run-dir."""
     if args.cpus:  # this process and the swarm below it, not py-spy
@@ -272,10 +327,13 @@ def inner(args: argparse.Namespace) -> int:
     (args.run_dir / "run.log").write_text(log.getvalue())
     if code != 0:
         return code
+    cpu = watch.per_role()
+    span, in_window = watch.between(*window(args.run_dir, manifest))
     measured = {
         "per_round": seconds_per_round(args.run_dir, manifest),
-        "cpu": watch.per_role(),
+        "cpu": cpu,
         "processes": watch.processes(),
+        "window": {"seconds": span, "rounds": args.rounds - 1, "cpu": in_window},
     }
     (args.run_dir / "measured.json").write_text(json.dumps(measured))
     return 0
@@ -356,8 +414,15 @@ def main() -> int:
         for role in ROLES
         if counts.leaves.get(role)
     )
+    span, cpus = measured["window"], args.cpus or len(os.sched_getaffinity(0))
+    in_window = window_table(span["cpu"], span["seconds"], span["rounds"], cpus)
+    idle = ", ".join(f"{role} {n / args.rate:.1f} s" for role, n in counts.idle.most_common())
     report = (
-        f"# Where a services round goes\n\n{summary}\n\nCPU seconds:\n\n{table(seconds, args.rounds)}\n\n"
+        f"# Where a services round goes\n\n{summary}\n\n"
+        f"CPU seconds per round of each process kind in bench_pipeline's window ({span['seconds']:.1f} s "
+        f"from the first version 1 to the last node's last version, {span['rounds']} rounds), from /proc:\n\n"
+        f"{in_window}\n\nCPU seconds of the whole run:\n\n{table(seconds, args.rounds)}\n\n"
+        f"Samples of threads blocked in a wait, left out of the split: {idle or 'none'}.\n\n"
         f"After start-up, the innermost frames with most samples (sampled seconds, unscaled):\n\n{leaves}\n"
     )
     (args.out / "report.md").write_text(report)
