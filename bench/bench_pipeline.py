@@ -160,7 +160,20 @@ Side by side, the two modes share the host's last-level cache and memory; in tur
 repeat) the same code read +13.7%, the in-process round 6.21 s that time (5.1-6.2 across runs).
 The slice's length, one 6-round run in turn each (the launcher's and services' default patched):
 20 ms 6.59 s per round against 5.22 in process (+26.2%), 100 ms 5.98 against 5.42 (+10.3%; a call
-then cost its in-process CPU: generation 0.44 s, a step 0.82); 50 ms, the default, 7.06 against 6.21.
+then cost its in-process CPU: generation 0.44 s, a step 0.82); 50 ms, then the default, 7.06 against
+6.21.
+
+Then the slice went to the kernel's longest, 100 ms. Side by side, 6 rounds, alternating with 50 ms
+on the idle machine: the services' round 6.76 and 6.42 s at 100 ms against 7.33 and 7.24 at 50 (their
+CPU 134.5-135.8 s a run against 144.6-151.9, the broker's 5.1-5.3 against 6.2-6.8); the in-process
+rounds beside them moved between 4.74 and 5.39 s, so the ratios read +36.5/+35.4% against
++36.1/+52.8%. In turn, 100 ms, two runs: +35.6% (7.88 against 5.82) and +27.0% (6.27 against 4.94).
+In the second, the pinned CPU was 99.5% busy through the services' window (from /proc): the services
+cost CPU, they do not wait. Per round, read per thread from /proc: the trainers 3.57 CPU s, the
+generators 1.99, the broker 0.45, the samplers 0.24, the launcher 0.04; the in-process round 5.37.
+`make profile` splits the same window (results/profile). `--side-by-side --repeats 2`, 10 rounds:
+services 6.68 / 5.65 s per round, in process 5.21 / 5.13: 1.281 / 1.101, +19.2% (FAIL; services
+152.8-164.0 CPU s, broker 6.1-8.2).
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_pipeline.py [--model warm:0] [--nodes 4] [--rounds 10]
         [--repeats 2] [--one-wait | --side-by-side]
