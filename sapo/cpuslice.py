@@ -8,8 +8,7 @@ servers) then preempt model steps mid-slice again and again: each time the step 
 the other evicted, and the waking work runs in many small pieces. Since 6.12 a thread may ask for its
 own slice (`sched_attr.sched_runtime` of a normal task, 0.1-100 ms, no privilege needed). With a
 longer slice a waking thread's deadline comes later, so it waits until the running thread blocks or
-its slice ends, and several wake-ups are served in one go. The cost: on a saturated CPU a message may
-wait up to one slice longer at each hop.
+its slice ends, and several wake-ups are served in one go (what that costs: below).
 
 Who asks: every service, before its HTTP server and Kafka clients start (`sapo.runtime.start_runtime`,
 setting `cpu_slice_ms`), and `sapo swarm`'s launcher before it starts the embedded broker and the
