@@ -23,5 +23,12 @@ def slice_ns(sched: Path = Path("/proc/thread-self/sched")) -> int | None:
 
 
 def process_slices_ns(pid: int) -> dict[int, int | None]:
-    """Every thread of process `pid`: its slice."""
-    return {int(task.name): slice_ns(task / "sched") for task in Path(f"/proc/{pid}/task").iterdir()}
+    """Every live thread of process `pid`: its slice. A thread that exits between the listing and the
+    read (librdkafka and the ops server start and end short-lived threads) is left out."""
+    slices: dict[int, int | None] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            slices[int(task.name)] = slice_ns(task / "sched")
+        except FileNotFoundError:
+            continue
+    return slices
