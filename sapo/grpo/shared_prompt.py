@@ -58,7 +58,7 @@ def shared_prompt_logprobs(model: nn.Module, batch: PackedBatch, temperature: fl
     scored, entropy = [first], [first_entropy]
     if logits is not None:
         targets = _completion_columns(batch.input_ids, starts + 1, inputs)
-        rest, rest_entropy = score_targets(logits, targets, temperature)
+        rest, rest_entropy = score_targets(logits, targets, temperature, (lengths - 1).tolist())
         scored.append(rest)
         entropy.append(rest_entropy)
     return TokenLogprobs(

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sapo.grpo.layout import TrainSample, pack
-from sapo.grpo.logprobs import policy_logprobs, token_logprobs
+from sapo.grpo.logprobs import policy_logprobs, score_targets, token_logprobs
 from tests.unit.grpo.tiny import EOS_ID, PAD_ID, tiny_llama
 
 pytestmark = pytest.mark.unit
@@ -22,6 +22,67 @@ def test_token_t_is_scored_by_the_logits_at_t_minus_one() -> None:
     assert scored.entropy[0, 2].item() == pytest.approx(
         -(p * math.log(p) + (1 - p) * math.log(1 - p)), rel=1e-5
     )
+
+
+def test_entropy_over_a_vocabulary_read_a_chunk_of_positions_at_a_time_is_each_positions() -> None:
+    # A 2^18-token vocabulary: the entropy reads one position of log-probs at a time.
+    torch.manual_seed(0)
+    logits = torch.randn(2, 4, 1 << 18) * 3
+    scored = token_logprobs(logits, torch.zeros(2, 4, dtype=torch.long))
+    log_dist = torch.log_softmax(logits[:, :-1], dim=-1)
+    expected = -(log_dist.exp() * log_dist).sum(-1)
+    assert torch.allclose(scored.entropy[:, 1:], expected, atol=1e-4)
+    assert (scored.entropy[:, 0] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gradient_is_that_of_log_softmax_and_gather(dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    logits = (torch.randn(3, 5, 300) * 2).to(dtype).requires_grad_()
+    targets = torch.randint(0, 300, (3, 5))
+    upstream = torch.randn(3, 5)
+    torch.autograd.backward((score_targets(logits, targets, 0.7)[0] * upstream).sum())
+    ours, logits.grad = logits.grad, None
+    reference = torch.log_softmax(logits.float() / 0.7, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    torch.autograd.backward((reference * upstream).sum())
+    assert ours is not None and logits.grad is not None and ours.dtype == dtype
+    torch.testing.assert_close(
+        ours.float(), logits.grad.float(), atol=1e-6 if dtype == torch.float32 else 1e-2, rtol=0
+    )
+
+
+def test_positions_past_a_rows_count_are_zero_and_get_no_gradient() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(3, 5, 40, requires_grad=True)
+    targets = torch.randint(0, 40, (3, 5))
+    whole = score_targets(logits, targets, 0.8)
+    logprobs, entropy = score_targets(logits, targets, 0.8, counts=[5, 2, 0])
+    for row, count in enumerate([5, 2, 0]):
+        torch.testing.assert_close(logprobs[row, :count], whole[0][row, :count])
+        torch.testing.assert_close(entropy[row, :count], whole[1][row, :count])
+        assert (logprobs[row, count:] == 0).all() and (entropy[row, count:] == 0).all()
+    torch.autograd.backward(logprobs.sum())
+    assert logits.grad is not None
+    assert (logits.grad[1, 2:] == 0).all() and (logits.grad[2] == 0).all()
+    assert (logits.grad[0] != 0).any() and (logits.grad[1, :2] != 0).any()
+
+
+def test_a_second_backward_pass_is_refused_rather_than_wrong() -> None:
+    logits = torch.randn(1, 2, 7, requires_grad=True)
+    scored = score_targets(logits, torch.tensor([[1, 2]]), 1.0)[0].sum()
+    torch.autograd.backward(scored, retain_graph=True)
+    with pytest.raises(RuntimeError, match="backpropagated twice"):
+        torch.autograd.backward(scored)
+
+
+def test_without_autograd_the_values_are_the_same() -> None:
+    torch.manual_seed(0)
+    logits, targets = torch.randn(2, 4, 50), torch.randint(0, 50, (2, 4))
+    with torch.no_grad():
+        plain = score_targets(logits, targets, 1.0)
+    tracked = score_targets(logits.requires_grad_(), targets, 1.0)
+    torch.testing.assert_close(plain[0], tracked[0].detach())
+    torch.testing.assert_close(plain[1], tracked[1])
 
 
 def test_temperature_divides_the_logits() -> None:
