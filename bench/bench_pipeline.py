@@ -173,11 +173,12 @@ cost CPU, they do not wait. Per round, read per thread from /proc: the trainers 
 generators 1.99, the broker 0.45, the samplers 0.24, the launcher 0.04; the in-process round 5.37.
 `make profile` splits the same window (results/profile). `--side-by-side --repeats 2`, 10 rounds:
 services 6.68 / 5.65 s per round, in process 5.21 / 5.13: 1.281 / 1.101, +19.2% (FAIL; services
-152.8-164.0 CPU s, broker 6.1-8.2). After the trainer's scoring got cheaper (`sapo.grpo.logprobs`:
-the entropy's probabilities reused by the backward pass), the same command: in process 4.80 / 5.22 s
-per round, services 6.63 / 6.88: 1.382 / 1.317, +34.8% (FAIL; services 154.1-169.6 CPU s, broker
-7.9-8.3). A step that is cheaper in both modes leaves the services' own cost as it was and raises
-the ratio; the services' rounds here also sat at the top of their earlier range.
+152.8-164.0 CPU s, broker 6.1-8.2). After the trainer's scoring changed (`sapo.grpo.logprobs`: the
+entropy's probabilities reused by the backward pass, padding not scored), the same command, two runs:
+in process 4.80 / 5.22 and 4.69 / 4.74 s per round, services 6.63 / 6.88 and 5.91 / 6.42: +34.8% and
++30.7% (FAIL; services 149-170 CPU s, broker 6.8-8.3). The services' trainers took 3.23 CPU s per
+round in profile_round's window (3.20 before): this shape's completions are a few tokens, so the
+change is a small part of its step, and the shorter in-process rounds may be the host's noise.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_pipeline.py [--model warm:0] [--nodes 4] [--rounds 10]
         [--repeats 2] [--one-wait | --side-by-side]
