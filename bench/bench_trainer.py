@@ -43,6 +43,10 @@ row's right padding is no longer scored. The code before and after, run in turn 
 - 135M, the `make swarm` shape (`--repeats 3`), before then after: ours 15.87 -> 15.48 s (medians;
   the transformer's layers are most of this model's step), bare/ours 2.424 -> 2.279 of minimums
   (the bare runs moved 37.9 -> 35.1 s between the two runs), PASS.
+- bench_pipeline.py's shape (`--model warm:0 --groups 8 --completions 8 --tokens 8 --min-tokens 3
+  --repeats 7`, 64 rows of 3-8 tokens), twice in turn: ours 0.659 / 0.647 before, 0.699 / 0.636 after
+  (medians): no change beyond noise, a few scored positions a row being little of that step; bare/ours
+  1.34-1.42, PASS.
 
 usage: python bench/bench_trainer.py [--model tiny:0] [--groups 4] [--completions 4] [--tokens 64]
     [--min-tokens 8] [--micro-batch-tokens 1024] [--precision fp32] [--repeats 5]
