@@ -203,6 +203,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from sapo.experiment.plan import load_scenario, manifest_data, select
 from sapo.malloc import restart_with_malloc_tunable
@@ -221,6 +222,21 @@ def bench_manifest(model: str, nodes: int, rounds: int) -> SwarmManifest:
     """The CPU experiment's swarm (`sapo experiment --scenario cpu`) at I/J 4/4, seed 0."""
     scenario = select(load_scenario("cpu"), nodes=nodes, overrides={"rounds": rounds, "model": model})
     return parse_manifest(manifest_data(scenario, "4/4", seed=0) | {"name": "bench-pipeline"})
+
+
+class Run(NamedTuple):
+    """One mode's run: seconds per round in the window, CPU seconds of the whole run, and the median
+    CPU seconds of one training step in the window (the same work in both modes)."""
+
+    per_round: float
+    cpu: float
+    step_cpu: float
+
+
+def step_cpu_seconds(run_dir: Path, manifest: SwarmManifest) -> float:
+    """Median over the window's steps (every version after 1) of the trainer's CPU per step."""
+    rows = [r for node in manifest.nodes for r in read_rows(run_dir / STEPS_DIR / f"{node.id}.jsonl")]
+    return statistics.median(float(r["step_cpu_seconds"]) for r in rows if r["version"] > 1)
 
 
 def seconds_per_round(run_dir: Path, manifest: SwarmManifest) -> float:
@@ -279,8 +295,8 @@ class BrokerCpu:
 
 def measure(
     mode: str, run: Callable[[SwarmManifest, Path, io.StringIO], int], manifest: SwarmManifest, run_dir: Path
-) -> tuple[float, float]:
-    """(seconds per round, CPU seconds of the whole run) of one mode; its output goes to run.log."""
+) -> Run:
+    """One mode's run; its output goes to run.log."""
     run_dir.mkdir(parents=True)
     log = io.StringIO()
     cpu, wall = cpu_seconds(), time.monotonic()
@@ -290,13 +306,13 @@ def measure(
     (run_dir / "run.log").write_text(log.getvalue())
     if code != 0:
         raise SystemExit(f"{mode} run failed with exit status {code}; see {run_dir / 'run.log'}")
-    per_round = seconds_per_round(run_dir, manifest)
+    result = Run(seconds_per_round(run_dir, manifest), cpu, step_cpu_seconds(run_dir, manifest))
     print(
-        f"  {mode:<10} {per_round:8.3f} s/round   {cpu:7.1f} cpu s (broker {broker.seconds:5.1f})   "
-        f"{wall:6.1f} s wall in all",
+        f"  {mode:<10} {result.per_round:8.3f} s/round   {cpu:7.1f} cpu s (broker {broker.seconds:5.1f})   "
+        f"{wall:6.1f} s wall in all   {result.step_cpu:.3f} cpu s per training step",
         flush=True,
     )
-    return per_round, cpu
+    return result
 
 
 def kafka(manifest: SwarmManifest, run_dir: Path, out: io.StringIO) -> int:
@@ -317,7 +333,7 @@ def inprocess(manifest: SwarmManifest, run_dir: Path, out: io.StringIO) -> int:
 
 def side_by_side(
     args: argparse.Namespace, manifest: SwarmManifest, root: Path, repeat: int, cores: list[int]
-) -> tuple[tuple[float, float], tuple[float, float]]:
+) -> tuple[Run, Run]:
     """One repeat of both modes at once: the services on `cores[0]`; once they trained their first
     version (their start-up is ~5 x the in-process run's), the in-process run in a child process of
     this script on `cores[1]`, so that the two windows overlap. The child's CPU seconds are its own
@@ -352,8 +368,7 @@ def side_by_side(
         raise SystemExit(f"the services trained no version; see {kafka_dir / 'run.log'}")
     if (code := children[0].wait()) != 0:
         raise SystemExit(f"the in-process run failed with exit status {code}; see {run_dir / 'run.log'}")
-    per_round, cpu = json.loads((run_dir / RESULT).read_text())
-    return services, (per_round, cpu)
+    return services, Run(*json.loads((run_dir / RESULT).read_text()))
 
 
 def main() -> int:
@@ -403,7 +418,7 @@ def main() -> int:
     modes = {"kafka": kafka, "inprocess": inprocess}
     if args.one_wait:
         modes["one-wait"] = kafka_one_wait
-    results: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
+    results: dict[str, list[Run]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as tmp:
         root = args.keep or Path(tmp)
         print(
@@ -422,17 +437,22 @@ def main() -> int:
             for mode in order:
                 run_dir = root / f"{mode}-{repeat}"
                 results[mode].append(measure(mode, modes[mode], manifest, run_dir))
-    kafka_s = statistics.median(r[0] for r in results["kafka"])
-    inprocess_s = statistics.median(r[0] for r in results["inprocess"])
+    kafka_s = statistics.median(r.per_round for r in results["kafka"])
+    inprocess_s = statistics.median(r.per_round for r in results["inprocess"])
     overhead = kafka_s / inprocess_s - 1
     verdict = "PASS" if overhead <= TARGET_OVERHEAD else "FAIL"
-    paired = [k[0] / i[0] for k, i in zip(results["kafka"], results["inprocess"], strict=True)]
+    pairs = list(zip(results["kafka"], results["inprocess"], strict=True))
+    paired = [k.per_round / i.per_round for k, i in pairs]
+    steps = [k.step_cpu / i.step_cpu for k, i in pairs]
     print(f"\nkafka / in process per repeat: {', '.join(f'{r:.3f}' for r in paired)}")
+    # The same step's CPU in both modes: above 1, the services' layout (13 processes and their model
+    # copies on one CPU) slowed the shared work down, a cost that is in no component of a profile.
+    print(f"CPU of one training step, kafka / in process per repeat: {', '.join(f'{r:.3f}' for r in steps)}")
     print(f"kafka {kafka_s:.3f} s/round, in process {inprocess_s:.3f} s/round (medians)")
     print(f"ratio kafka / in process = {kafka_s / inprocess_s:.3f}: overhead {overhead:+.1%}")
     print(f"{verdict}: overhead {overhead:+.1%} against the target <= {TARGET_OVERHEAD:.0%} ({pinned})")
     if args.one_wait:
-        one_wait_s = statistics.median(r[0] for r in results["one-wait"])
+        one_wait_s = statistics.median(r.per_round for r in results["one-wait"])
         print(
             f"every consumer at the short wait: {one_wait_s:.3f} s/round, "
             f"{one_wait_s / kafka_s:.3f} x kafka's (overhead {one_wait_s / inprocess_s - 1:+.1%})"

@@ -297,6 +297,13 @@ class TrainerMetrics:
         self.step_seconds = Histogram(
             f"{P}_step_seconds", "Wall time of one batch's step(s).", buckets=STEP_BUCKETS, registry=registry
         )
+        self.step_cpu_seconds = Histogram(
+            f"{P}_step_cpu_seconds",
+            "CPU time of the trainer's process during one batch's step(s), all threads: well below the "
+            "step's wall time, the step waited for a CPU.",
+            buckets=STEP_BUCKETS,
+            registry=registry,
+        )
         self.checkpoint_seconds = Histogram(
             f"{P}_checkpoint_seconds",
             "Wall time to publish one policy version (weights only; or verify a replayed one).",
@@ -350,6 +357,7 @@ class TrainerMetrics:
             self.staleness.observe(staleness)
         self.policy_version.set(report.version)
         self.step_seconds.observe(report.seconds)
+        self.step_cpu_seconds.observe(report.cpu_seconds)
         self.learning_rate.set(report.lr)
         self.reward_mean.set(built.reward_mean())
         self.local_reward_mean.set(built.reward_mean(local_only=True))

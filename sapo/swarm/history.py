@@ -46,6 +46,7 @@ def step_row(
         "entropy": m.entropy,
         "completion_tokens": m.completion_tokens,
         "step_seconds": m.step_seconds,
+        "step_cpu_seconds": m.step_cpu_seconds,
         "created_at": created_at,
         "contributions": [
             {

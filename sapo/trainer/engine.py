@@ -64,6 +64,9 @@ class StepReport:
     lr: float
     seconds: float
     intake: tuple[batch_pb2.PeerIntake, ...] = ()
+    cpu_seconds: float = 0.0
+    """CPU time of this process during the step (all its threads): with `seconds`, whether the step
+    waited for a CPU (a shared host, other services pinned beside it) or ran slower for the same work."""
 
 
 class Trainer:
@@ -123,7 +126,7 @@ class Trainer:
 
     def apply(self, batch: batch_pb2.TrainingBatch) -> StepReport:
         """Train on one (non-duplicate) batch and advance the version by one."""
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         built = self.builder.build(batch, self.state.version)
         stats: StepStats | None = None
         if built.rows:
@@ -155,6 +158,7 @@ class Trainer:
             lr=self.lr,
             seconds=time.perf_counter() - started,
             intake=tuple(batch.intake),
+            cpu_seconds=time.process_time() - cpu,
         )
 
     def skip(self, batch: batch_pb2.TrainingBatch) -> StepReport:

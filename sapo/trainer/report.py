@@ -25,6 +25,7 @@ def step_metrics(report: StepReport) -> policy_pb2.StepMetrics:
         reward_mean=finite(built.reward_mean()),
         local_reward_mean=finite(built.reward_mean(local_only=True)),
         step_seconds=report.seconds,
+        step_cpu_seconds=report.cpu_seconds,
         local_completions=local,
         external_completions=len(built.rows) - local,
         intake=report.intake,

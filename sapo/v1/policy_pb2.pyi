@@ -25,7 +25,7 @@ class PeerContribution(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., groups: _Optional[int] = ..., completions: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., advantage_mass: _Optional[float] = ...) -> None: ...
 
 class StepMetrics(_message.Message):
-    __slots__ = ("loss", "reward_mean", "local_reward_mean", "clip_fraction_low", "clip_fraction_high", "grad_norm", "entropy", "completion_tokens", "step_seconds", "local_completions", "external_completions", "contributions", "intake")
+    __slots__ = ("loss", "reward_mean", "local_reward_mean", "clip_fraction_low", "clip_fraction_high", "grad_norm", "entropy", "completion_tokens", "step_seconds", "local_completions", "external_completions", "contributions", "intake", "step_cpu_seconds")
     LOSS_FIELD_NUMBER: _ClassVar[int]
     REWARD_MEAN_FIELD_NUMBER: _ClassVar[int]
     LOCAL_REWARD_MEAN_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,7 @@ class StepMetrics(_message.Message):
     EXTERNAL_COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
     CONTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
     INTAKE_FIELD_NUMBER: _ClassVar[int]
+    STEP_CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
     loss: float
     reward_mean: float
     local_reward_mean: float
@@ -52,7 +53,8 @@ class StepMetrics(_message.Message):
     external_completions: int
     contributions: _containers.RepeatedCompositeFieldContainer[PeerContribution]
     intake: _containers.RepeatedCompositeFieldContainer[_batch_pb2.PeerIntake]
-    def __init__(self, loss: _Optional[float] = ..., reward_mean: _Optional[float] = ..., local_reward_mean: _Optional[float] = ..., clip_fraction_low: _Optional[float] = ..., clip_fraction_high: _Optional[float] = ..., grad_norm: _Optional[float] = ..., entropy: _Optional[float] = ..., completion_tokens: _Optional[int] = ..., step_seconds: _Optional[float] = ..., local_completions: _Optional[int] = ..., external_completions: _Optional[int] = ..., contributions: _Optional[_Iterable[_Union[PeerContribution, _Mapping]]] = ..., intake: _Optional[_Iterable[_Union[_batch_pb2.PeerIntake, _Mapping]]] = ...) -> None: ...
+    step_cpu_seconds: float
+    def __init__(self, loss: _Optional[float] = ..., reward_mean: _Optional[float] = ..., local_reward_mean: _Optional[float] = ..., clip_fraction_low: _Optional[float] = ..., clip_fraction_high: _Optional[float] = ..., grad_norm: _Optional[float] = ..., entropy: _Optional[float] = ..., completion_tokens: _Optional[int] = ..., step_seconds: _Optional[float] = ..., local_completions: _Optional[int] = ..., external_completions: _Optional[int] = ..., contributions: _Optional[_Iterable[_Union[PeerContribution, _Mapping]]] = ..., intake: _Optional[_Iterable[_Union[_batch_pb2.PeerIntake, _Mapping]]] = ..., step_cpu_seconds: _Optional[float] = ...) -> None: ...
 
 class PolicyUpdate(_message.Message):
     __slots__ = ("schema_version", "node_id", "version", "manifest_uri", "manifest_sha256", "created_at", "metrics", "batch_id", "epoch", "sequence")

@@ -51,7 +51,9 @@ def _record(run_dir: Path) -> None:
 
 def test_step_rows_record_the_contributions_and_the_intake() -> None:
     m = _metrics(("node-b", 1, 4, 40, 2.5), intake=(_intake("node-b", 3, 1, no_signal=2),))
+    m.step_seconds, m.step_cpu_seconds = 2.5, 1.25
     row = step_row("node-a", 1, "node-a/0", m, 0.0)
+    assert (row["step_seconds"], row["step_cpu_seconds"]) == (2.5, 1.25)
     assert row["contributions"] == [
         {"node": "node-b", "groups": 1, "completions": 4, "completion_tokens": 40, "advantage_mass": 2.5}
     ]

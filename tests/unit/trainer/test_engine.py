@@ -333,8 +333,11 @@ def test_step_metrics_say_how_many_local_and_external_completions_were_trained(
     """The run record derives the external groups' mean reward from these counts (reference metric)."""
     batch = _batches(model, tokenizer, questions)[0]  # local rewards 1, 0, 1; external 1, 0
     batch.intake.add(node_id="node-peer", received=3, used=1, rejected={"no_signal": 2})
-    metrics = step_metrics(_trainer(model, tokenizer, tmp_path).apply(batch))
+    report = _trainer(model, tokenizer, tmp_path).apply(batch)
+    metrics = step_metrics(report)
     assert list(metrics.intake) == list(batch.intake)  # the sampler's account, passed on
+    assert metrics.step_seconds == report.seconds > 0
+    assert metrics.step_cpu_seconds == report.cpu_seconds > 0  # a real step takes this process's CPU
     assert (metrics.local_completions, metrics.external_completions) == (3, 2)
     assert metrics.reward_mean == pytest.approx(3 / 5)
     assert metrics.local_reward_mean == pytest.approx(2 / 3)
