@@ -27,7 +27,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from sapo.cpuslice import request_cpu_slice
-from sapo.kafka import DeadLetters, KafkaConsumerClient, KafkaPublisher, TransportMetrics
+from sapo.kafka import DeadLetters, KafkaConsumerClient, KafkaPublisher, KafkaReaderClient, TransportMetrics
 from sapo.kafka.chunks import chunk_size
 from sapo.lifecycle import StopFlag, install_signal_handlers
 from sapo.ops import Health, OpsServer, configure_logging
@@ -76,15 +76,17 @@ class Runtime:
     def consumer(
         self, role: str, *, swarm: bool = False, per_process: bool = False, watch: bool = False
     ) -> KafkaConsumerClient:
-        """A consumer in group `<prefix>.<node>.<role>`; per_process gives each replica its own group
-        (for streams every replica must see whole, such as the policy topic); watch for a stream no
-        round waits on (its fetches wait `watch_fetch_wait_max_ms`)."""
+        """A consumer in group `<prefix>.<node>.<role>`; per_process for a stream every replica must see
+        whole (the policy topic, the leases, a history read from the beginning): a reader in no group
+        (`KafkaReaderClient`), named `<group>.<random>`; watch for a stream no round waits on (its
+        fetches wait `watch_fetch_wait_max_ms`)."""
         conn = self.settings.swarm_connection if swarm else self.settings.kafka
         group = consumer_group(self.settings.topic_prefix, self.settings.node_id, role)
-        if per_process:
-            group += f".{uuid.uuid4().hex[:12]}"
         config = conn.to_librdkafka() | self.settings.consumer.to_librdkafka(watch=watch)
-        return KafkaConsumerClient(config, group, lag=self.transport.consumer_lag)
+        lag = self.transport.consumer_lag
+        if per_process:
+            return KafkaReaderClient(config, f"{group}.{uuid.uuid4().hex[:12]}", lag=lag)
+        return KafkaConsumerClient(config, group, lag=lag)
 
     def close(self) -> None:
         self.publisher.flush(FLUSH_TIMEOUT_S)

@@ -5,6 +5,7 @@ from sapo.kafka.consumer import (
     Disposition,
     Handler,
     KafkaConsumerClient,
+    KafkaReaderClient,
     TransportError,
 )
 from sapo.kafka.dlq import DeadLetters
@@ -23,6 +24,7 @@ __all__ = [
     "Handler",
     "KafkaConsumerClient",
     "KafkaPublisher",
+    "KafkaReaderClient",
     "ProduceError",
     "Publisher",
     "Record",

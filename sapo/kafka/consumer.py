@@ -30,7 +30,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from prometheus_client import Gauge
 
@@ -158,6 +158,92 @@ class KafkaConsumerClient:
         finally:
             if self._lag is not None:
                 self._lag.clear()
+
+
+READER_REFRESH_S = 300.0
+"""How often a `KafkaReaderClient` looks for partitions added to its topics: librdkafka's own
+topic.metadata.refresh.interval.ms, after which a group member learns of them too."""
+READER_RETRY_S = 1.0
+"""How often a `KafkaReaderClient` asks again for a topic the cluster does not know (yet)."""
+READER_METADATA_TIMEOUT_S = 5.0
+
+
+class KafkaReaderClient(KafkaConsumerClient):
+    """A `ConsumerClient` that reads every partition of its topics on its own, in no consumer group:
+    for a process that must see a stream whole (the policy topic, the leases, a history read from the
+    beginning), where a group of its own would have this one member.
+
+    It starts each partition at the offset `on_assign` returns, else at its beginning, and commits
+    nothing, so every start reads from there again, as a fresh group of its own did
+    (auto.offset.reset=earliest, no committed offsets). Without a group there are no heartbeats and no
+    join: a member's heartbeats cost the embedded broker ~1.1 ms of CPU a second, a third of an idle
+    watcher's cost there, each join takes it session.timeout / 2, and every process start left a group
+    behind on the cluster. A topic the cluster does not know yet is asked for again every
+    `READER_RETRY_S`; partitions added later are assigned (from their beginning) within
+    `READER_REFRESH_S`. The group id only names the client: librdkafka wants one.
+    """
+
+    def __init__(
+        self,
+        config: dict[str, str],
+        group_id: str,
+        *,
+        lag: Gauge | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(config | {"enable.auto.commit": "false"}, group_id, lag=lag)
+        self._clock = clock
+        self._topics: list[str] = []
+        self._on_assign: AssignHook | None = None
+        self._assigned: set[TopicPartition] = set()
+        self._check_at = float("inf")
+
+    def subscribe(
+        self, topics: Sequence[str], on_assign: AssignHook, on_revoke: RevokeHook, on_lost: RevokeHook
+    ) -> None:
+        """Assign every partition of `topics` the cluster knows now (no rebalance ever revokes or loses
+        one: `on_revoke` and `on_lost` are never called)."""
+        self._topics, self._on_assign = list(topics), on_assign
+        self._assign_new()
+
+    def poll(self, timeout: float) -> Record | None:
+        if self._clock() >= self._check_at:
+            self._assign_new()
+        return super().poll(timeout)
+
+    def store(self, positions: Sequence[OffsetPosition]) -> None:
+        """Nothing is committed: a reader starts where `on_assign` says, or at the beginning."""
+
+    def commit(self) -> None:
+        """Nothing is committed (see `store`)."""
+
+    def _assign_new(self) -> None:
+        """Assign the partitions of the topics that are not assigned yet."""
+        assert self._on_assign is not None
+        found: list[TopicPartition] = []
+        missing: list[str] = []
+        for topic in self._topics:
+            try:
+                metadata = self._consumer.list_topics(topic, timeout=READER_METADATA_TIMEOUT_S)
+            except KafkaException as exc:
+                log.info("metadata of %s not read: %s", topic, exc)
+                missing.append(topic)
+                continue
+            known = metadata.topics.get(topic)
+            if known is None or known.error is not None or not known.partitions:
+                missing.append(topic)
+                continue
+            found += [(topic, p) for p in sorted(known.partitions) if (topic, p) not in self._assigned]
+        if missing:
+            log.debug("topics %s unknown to the cluster; asking again in %.0f s", missing, READER_RETRY_S)
+        self._check_at = self._clock() + (READER_RETRY_S if missing else READER_REFRESH_S)
+        if not found:
+            return
+        starts = self._on_assign(found)
+        self._consumer.incremental_assign(
+            [KafkaTopicPartition(t, p, starts.get((t, p), OFFSET_BEGINNING)) for t, p in found]
+        )
+        self._assigned.update(found)
 
 
 def to_record(msg: Message) -> Record | None:

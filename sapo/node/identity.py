@@ -5,7 +5,7 @@ pins and metrics.
 pinned on first use (open swarm) and keeps `sapo_<service>_trusted_keys` current.
 
 The compacted `<prefix>.swarm.keys` topic (`KeysFollower`). Delivery: every receiver reads the whole
-topic from the beginning in a consumer group of its own (offsets are irrelevant: the topic is
+topic from the beginning with a reader in no consumer group (offsets are irrelevant: the topic is
 compacted and small), first to the end before it verifies anything (`catch_up`: nothing new for
 `idle_s` once assigned; the high watermark is not trusted), then between swarm records (`poll`).
 Applying an announcement twice changes nothing, so re-reading is harmless. Refused announcements

@@ -1,9 +1,10 @@
 """Following the node's compacted policy topic and hot-swapping verified weights into the backend.
 
-The generator reads `sapo.node.<id>.policy` with a consumer group of its own (one per process), so every
-replica sees the whole topic from the beginning; offsets are irrelevant to correctness. Updates are only
-noted while records are read; the newest one is loaded after the read, between rounds, so a burst of
-versions that arrived during a long round costs one load, not one per version.
+The generator reads `sapo.node.<id>.policy` with a reader in no consumer group (one per process:
+`sapo.kafka.KafkaReaderClient`), so every replica sees the whole topic from the beginning; offsets are
+irrelevant to correctness. Updates are only noted while records are read; the newest one is loaded after
+the read, between rounds, so a burst of versions that arrived during a long round costs one load, not
+one per version.
 
 A version is loaded only after its manifest matches the announced sha256 and every shard matches the
 manifest (`sapo.checkpoints`, verified while read), and only if every tensor fits the model. Any

@@ -3,9 +3,9 @@ topic how far its trainer got.
 
 A restarted sampler must continue at the next sequence and must not put a group that is already in a
 batch into another one (its input offset may not have been committed before the crash). Both facts
-live in the batch topic, so it is read from the beginning by a consumer in a group of its own (no
-committed offsets: auto.offset.reset=earliest) until nothing arrived for `idle_s` after the partitions
-were assigned. The end is found by idleness, not the high watermark: the embedded broker reports a
+live in the batch topic, so it is read from the beginning by a reader in no consumer group
+(`sapo.kafka.KafkaReaderClient`, which commits nothing) until nothing arrived for `idle_s` after the
+partitions were assigned. The end is found by idleness, not the high watermark: the embedded broker reports a
 wrong one, and on Apache Kafka idleness is equally correct because this sampler is the topic's only
 writer and is not writing yet. The policy topic (compacted: the trainer's latest announcement) is read
 by the same consumer in the same pass: when the batch topic was re-created while the checkpoints

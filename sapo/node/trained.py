@@ -6,10 +6,11 @@ stayed (a reinstall) goes on training instead of having every batch skipped as a
 Recovery reads the topic once before anything is consumed (`sapo.node.recovery`); this follower then
 polls it in every sampler step, before the node's own groups, for announcements made after that.
 
-Delivery: a consumer group of its own per process, so the whole (compacted, small) topic is read from
-the beginning on every start; applying an announcement twice changes nothing. An invalid or foreign
-update is counted as rejected and skipped (the generators dead-letter the same records); one from a
-lease epoch lower than one seen before is a fenced trainer's and is ignored.
+Delivery: a reader in no consumer group per process (`sapo.kafka.KafkaReaderClient`), so the whole
+(compacted, small) topic is read from the beginning on every start; applying an announcement twice
+changes nothing. An invalid or foreign update is counted as rejected and skipped (the generators
+dead-letter the same records); one from a lease epoch lower than one seen before is a fenced trainer's
+and is ignored.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The sampler service's warm start: read the swarm topic's retained history, screen it through the
 service's own identification and decoding path and `sapo.sampler.warm`, publish the warm batches.
 
-The topic is read from the beginning by a consumer in a group of its own (no committed offsets:
-auto.offset.reset=earliest) that never commits: the history is read, not consumed, so the node's
+The topic is read from the beginning by a reader in no consumer group (`sapo.kafka.KafkaReaderClient`)
+that never commits: the history is read, not consumed, so the node's
 live swarm consumer later reads the same records again, and the screen's dedupe set and lock-step's
 closed rounds keep it from using a group twice.
 

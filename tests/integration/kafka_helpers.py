@@ -26,6 +26,16 @@ def create_topics(bootstrap: str, *names: str) -> None:
     ensure_topics({"bootstrap.servers": bootstrap}, [TopicSpec(n) for n in names], timeout_s=30)
 
 
+def fill_partitions(bootstrap: str, topic: str, values: list[list[bytes]]) -> None:
+    """Create `topic` with one partition per entry of `values` and write each entry to its partition."""
+    ensure_topics({"bootstrap.servers": bootstrap}, [TopicSpec(topic, partitions=len(values))], timeout_s=30)
+    publisher = KafkaPublisher({"bootstrap.servers": bootstrap})
+    for partition, part in enumerate(values):
+        for value in part:
+            publisher.send(topic, b"k", value, partition=partition)
+    assert publisher.flush(30) == 0
+
+
 def consumer(bootstrap: str, group: str, profile: ConsumerProfile | None = None) -> KafkaConsumerClient:
     timing = profile or ConsumerProfile.local()
     return KafkaConsumerClient({"bootstrap.servers": bootstrap} | timing.to_librdkafka(), group)

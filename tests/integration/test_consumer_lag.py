@@ -10,10 +10,10 @@ from confluent_kafka import Consumer, TopicPartition
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sapo.kafka import KafkaPublisher, TransportMetrics
+from sapo.kafka import TransportMetrics
 from sapo.kafka.lag import LagGauge
 from sapo.settings import ConsumerProfile
-from sapo.topics import TopicSpec, ensure_topics
+from tests.integration.kafka_helpers import fill_partitions
 
 pytestmark = pytest.mark.integration
 
@@ -33,13 +33,7 @@ def test_lag_gauge_counts_each_assigned_partitions_unread_messages(
     kafka_bootstrap: str, topic_prefix: str
 ) -> None:
     topic = f"{topic_prefix}.rollouts"
-    ensure_topics({"bootstrap.servers": kafka_bootstrap}, [TopicSpec(topic, partitions=2)], timeout_s=30)
-    publisher = KafkaPublisher({"bootstrap.servers": kafka_bootstrap})
-    for i in range(10):
-        publisher.send(topic, b"k", b"%d" % i, partition=0)
-    for i in range(3):
-        publisher.send(topic, b"k", b"%d" % i, partition=1)
-    assert publisher.flush(30) == 0
+    fill_partitions(kafka_bootstrap, topic, [[b"%d" % i for i in range(10)], [b"%d" % i for i in range(3)]])
 
     registry = CollectorRegistry()
     gauge = LagGauge(TransportMetrics(registry, "sampler").consumer_lag)
