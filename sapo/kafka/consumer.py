@@ -164,8 +164,11 @@ READER_REFRESH_S = 300.0
 """How often a `KafkaReaderClient` looks for partitions added to its topics: librdkafka's own
 topic.metadata.refresh.interval.ms, after which a group member learns of them too."""
 READER_RETRY_S = 1.0
-"""How often a `KafkaReaderClient` asks again for a topic the cluster does not know (yet)."""
-READER_METADATA_TIMEOUT_S = 5.0
+"""How soon a `KafkaReaderClient` asks again for a topic the cluster does not know (yet); the wait
+doubles with every miss, up to `READER_RETRY_MAX_S`."""
+READER_RETRY_MAX_S = 30.0
+READER_METADATA_TIMEOUT_S = 1.0
+"""Longest a metadata request may hold up a poll (only an unreachable cluster makes it wait)."""
 
 
 class KafkaReaderClient(KafkaConsumerClient):
@@ -178,9 +181,11 @@ class KafkaReaderClient(KafkaConsumerClient):
     (auto.offset.reset=earliest, no committed offsets). Without a group there are no heartbeats and no
     join: a member's heartbeats cost the embedded broker ~1.1 ms of CPU a second, a third of an idle
     watcher's cost there, each join takes it session.timeout / 2, and every process start left a group
-    behind on the cluster. A topic the cluster does not know yet is asked for again every
-    `READER_RETRY_S`; partitions added later are assigned (from their beginning) within
-    `READER_REFRESH_S`. The group id only names the client: librdkafka wants one.
+    behind on the cluster. A topic the cluster does not know yet is asked for again after
+    `READER_RETRY_S`, then at doubling intervals up to `READER_RETRY_MAX_S` (a cluster that cannot be
+    reached holds each such poll up for the metadata request's timeout); partitions added later are
+    assigned (from their beginning) within `READER_REFRESH_S`. The group id only names the client:
+    librdkafka wants one.
     """
 
     def __init__(
@@ -197,6 +202,7 @@ class KafkaReaderClient(KafkaConsumerClient):
         self._on_assign: AssignHook | None = None
         self._assigned: set[TopicPartition] = set()
         self._check_at = float("inf")
+        self._retry_s = READER_RETRY_S
 
     def subscribe(
         self, topics: Sequence[str], on_assign: AssignHook, on_revoke: RevokeHook, on_lost: RevokeHook
@@ -236,7 +242,11 @@ class KafkaReaderClient(KafkaConsumerClient):
             found += [(topic, p) for p in sorted(known.partitions) if (topic, p) not in self._assigned]
         if missing:
             log.debug("topics %s unknown to the cluster; asking again in %.0f s", missing, READER_RETRY_S)
-        self._check_at = self._clock() + (READER_RETRY_S if missing else READER_REFRESH_S)
+        if missing:
+            self._check_at = self._clock() + self._retry_s
+            self._retry_s = min(2 * self._retry_s, READER_RETRY_MAX_S)
+        else:
+            self._check_at, self._retry_s = self._clock() + READER_REFRESH_S, READER_RETRY_S
         if not found:
             return
         starts = self._on_assign(found)

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from sapo.kafka import KafkaPublisher, KafkaReaderClient, Record
-from sapo.kafka.consumer import READER_RETRY_S
+from sapo.kafka.consumer import READER_RETRY_MAX_S
 from sapo.kafka.records import TopicPartition
 from sapo.settings import ConsumerProfile
 from tests.integration.kafka_helpers import create_topics, fill_partitions
@@ -93,7 +93,7 @@ def test_a_reader_assigns_a_topic_created_after_it_started(kafka_bootstrap: str,
         assert assigned == []
         create_topics(kafka_bootstrap, topic)
         KafkaPublisher({"bootstrap.servers": kafka_bootstrap}).send_sync(topic, b"k", b"late")
-        got = _read(client, 1, deadline_s=30 + READER_RETRY_S)
+        got = _read(client, 1, deadline_s=30 + READER_RETRY_MAX_S)
     finally:
         client.close()
     assert assigned == [(topic, 0)]

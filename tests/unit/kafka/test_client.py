@@ -1,11 +1,14 @@
-"""KafkaConsumerClient's commit: which client errors are events and which are fatal."""
+"""KafkaConsumerClient's commit: which client errors are events and which are fatal; when a
+KafkaReaderClient asks the cluster for its topics' partitions."""
 
 from __future__ import annotations
 
-import pytest
-from confluent_kafka import KafkaError, KafkaException
+from types import SimpleNamespace
 
-from sapo.kafka.consumer import KafkaConsumerClient
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
+
+from sapo.kafka.consumer import READER_REFRESH_S, READER_RETRY_S, KafkaConsumerClient, KafkaReaderClient
 
 pytestmark = pytest.mark.unit
 
@@ -37,3 +40,39 @@ def test_nothing_to_commit_and_a_commit_lost_to_teardown_are_not_errors(code: in
 def test_other_commit_errors_are_raised() -> None:
     with pytest.raises(KafkaException):
         _client(KafkaError.REBALANCE_IN_PROGRESS).commit()
+
+
+class _Metadata:
+    """list_topics' answers, in turn: an exception (the cluster not reached) or the topics it knows."""
+
+    def __init__(self, *answers: Exception | dict[str, list[int]]) -> None:
+        self.answers = list(answers)
+        self.assigned: list[tuple[str, int, int]] = []
+
+    def list_topics(self, topic: str, timeout: float) -> object:
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        known = {name: SimpleNamespace(error=None, partitions=dict.fromkeys(p)) for name, p in answer.items()}
+        return SimpleNamespace(topics=known)
+
+    def incremental_assign(self, partitions: list[TopicPartition]) -> None:
+        self.assigned += [(p.topic, p.partition, p.offset) for p in partitions]
+
+
+def test_a_reader_asks_less_often_for_a_missing_topic_then_refreshes_slowly() -> None:
+    now = [0.0]
+    reader = KafkaReaderClient({"bootstrap.servers": "127.0.0.1:9"}, "g", clock=lambda: now[0])
+    reader._consumer.close()
+    unreachable = KafkaException(KafkaError(KafkaError._TRANSPORT))
+    metadata = _Metadata(unreachable, {}, unreachable, {"t": [0, 1]}, {"t": [0, 1, 2]})
+    reader._consumer = metadata  # type: ignore[assignment]
+    checks = []
+    reader.subscribe(["t"], lambda tps: {("t", 1): 7}, lambda tps: None, lambda tps: None)
+    for _ in range(4):
+        checks.append(reader._check_at - now[0])
+        now[0] = reader._check_at
+        reader._assign_new()  # what poll does once the check is due
+    assert checks == [READER_RETRY_S, 2 * READER_RETRY_S, 4 * READER_RETRY_S, READER_REFRESH_S]
+    assert metadata.assigned == [("t", 0, OFFSET_BEGINNING), ("t", 1, 7), ("t", 2, OFFSET_BEGINNING)]
+    assert reader._check_at - now[0] == READER_REFRESH_S
