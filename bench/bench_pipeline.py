@@ -180,6 +180,21 @@ in process 4.80 / 5.22 and 4.69 / 4.74 s per round, services 6.63 / 6.88 and 5.9
 round in profile_round's window (3.20 before): this shape's completions are a few tokens, so the
 change is a small part of its step, and the shorter in-process rounds may be the host's noise.
 
+The step rows then began to carry each step's CPU (`step_cpu_seconds`: the trainer process's, all
+threads), and this script prints its median per mode: the same training step (the same tokens per
+step, within 2%) against its in-process CPU. `--side-by-side --repeats 2`: in process 4.73 / 4.72 s per
+round, services 6.16 / 6.30: 1.302 / 1.335, +31.8% (FAIL; services 156-158 CPU s, broker 6.7-7.2); a
+training step 0.836 / 0.871 CPU s in the services against 0.718 / 0.693 in process, 1.164 / 1.257x.
+Four trainers' extra step CPU is ~0.7 s of the ~1.5 s a round the services add: half the overhead is
+the work both modes share running slower among 13 processes, not any service's own work. In turn,
+timed per step and per generation call (services pinned to one CPU, in-process runs between them):
+steps 0.72-0.90 CPU s against 0.74-0.76, generation calls 1.10-1.14x their in-process CPU; the
+trainers' process CPU beyond their steps ~0.03 s a round each, the generators' beyond generation
+~0.02. Per-process readers then left their consumer groups (`sapo.kafka.KafkaReaderClient`: 16 of
+the 33 consumers, whose heartbeats cost the broker ~1.1 ms of CPU a second each in an isolated test);
+the same command on a slower hour (in process 5.27 / 5.11): services 6.47 / 7.07, 1.228 / 1.384,
++30.5% (FAIL; services 163-171 CPU s, broker 6.8-8.1, steps 1.140 / 1.239x): no gain this bench shows.
+
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_pipeline.py [--model warm:0] [--nodes 4] [--rounds 10]
         [--repeats 2] [--one-wait | --side-by-side]
 
