@@ -241,8 +241,7 @@ class KafkaReaderClient(KafkaConsumerClient):
                 continue
             found += [(topic, p) for p in sorted(known.partitions) if (topic, p) not in self._assigned]
         if missing:
-            log.debug("topics %s unknown to the cluster; asking again in %.0f s", missing, READER_RETRY_S)
-        if missing:
+            log.debug("topics %s unknown to the cluster; asking again in %.0f s", missing, self._retry_s)
             self._check_at = self._clock() + self._retry_s
             self._retry_s = min(2 * self._retry_s, READER_RETRY_MAX_S)
         else:
