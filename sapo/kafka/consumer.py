@@ -200,7 +200,6 @@ class KafkaReaderClient(KafkaConsumerClient):
         self._clock = clock
         self._topics: list[str] = []
         self._on_assign: AssignHook | None = None
-        self._assigned: set[TopicPartition] = set()
         self._check_at = float("inf")
         self._retry_s = READER_RETRY_S
 
@@ -226,6 +225,7 @@ class KafkaReaderClient(KafkaConsumerClient):
     def _assign_new(self) -> None:
         """Assign the partitions of the topics that are not assigned yet."""
         assert self._on_assign is not None
+        assigned = {(p.topic, p.partition) for p in self._consumer.assignment()}
         found: list[TopicPartition] = []
         missing: list[str] = []
         for topic in self._topics:
@@ -239,7 +239,7 @@ class KafkaReaderClient(KafkaConsumerClient):
             if known is None or known.error is not None or not known.partitions:
                 missing.append(topic)
                 continue
-            found += [(topic, p) for p in sorted(known.partitions) if (topic, p) not in self._assigned]
+            found += [(topic, p) for p in sorted(known.partitions) if (topic, p) not in assigned]
         if missing:
             log.debug("topics %s unknown to the cluster; asking again in %.0f s", missing, self._retry_s)
             self._check_at = self._clock() + self._retry_s
@@ -252,7 +252,6 @@ class KafkaReaderClient(KafkaConsumerClient):
         self._consumer.incremental_assign(
             [KafkaTopicPartition(t, p, starts.get((t, p), OFFSET_BEGINNING)) for t, p in found]
         )
-        self._assigned.update(found)
 
 
 def to_record(msg: Message) -> Record | None:

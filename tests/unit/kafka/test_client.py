@@ -59,6 +59,9 @@ class _Metadata:
     def incremental_assign(self, partitions: list[TopicPartition]) -> None:
         self.assigned += [(p.topic, p.partition, p.offset) for p in partitions]
 
+    def assignment(self) -> list[TopicPartition]:
+        return [TopicPartition(t, p) for t, p, _ in self.assigned]
+
 
 def test_a_reader_asks_less_often_for_a_missing_topic_then_refreshes_slowly() -> None:
     now = [0.0]
