@@ -5,10 +5,10 @@ through the environment) -> settings -> runtime -> the service, built from both 
 -> close the service -> close the runtime. Before its loop runs, what the process built to start is
 frozen out of the garbage collector's full passes (`freeze_startup_objects`).
 
-Order on start: logging -> resolved config logged (secrets masked) -> registry and metrics -> ops
-server -> signal handlers -> producers. Order on stop (SIGTERM sets the stop flag; the loop finishes
-its unit and commits): the service closes its consumers -> flush producers (bounded) -> stop the ops
-server.
+Order on start: logging -> resolved config logged (secrets masked) -> registry and metrics -> compute
+gate (`sapo.cpugate`, where set) -> ops server -> signal handlers -> producers. Order on stop (SIGTERM
+sets the stop flag; the loop finishes its unit and commits): the service closes its consumers -> flush
+producers (bounded) -> stop the ops server -> close the gate's files.
 """
 
 from __future__ import annotations
@@ -22,16 +22,23 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol, TypeVar
 
-from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Histogram,
+)
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+from sapo.cpugate import ComputeGate, Gate, NoGate
 from sapo.cpuslice import request_cpu_slice
 from sapo.kafka import DeadLetters, KafkaConsumerClient, KafkaPublisher, KafkaReaderClient, TransportMetrics
 from sapo.kafka.chunks import chunk_size
 from sapo.lifecycle import StopFlag, install_signal_handlers
 from sapo.ops import Health, OpsServer, configure_logging
-from sapo.settings import ServiceSettings, describe, env_fields, load_settings
+from sapo.settings import ConfigError, ServiceSettings, describe, env_fields, load_settings
 from sapo.topics import TopicNames
 
 log = logging.getLogger(__name__)
@@ -72,6 +79,8 @@ class Runtime:
     swarm_publisher: KafkaPublisher
     dead_letters: DeadLetters
     ops: OpsServer
+    gate: Gate
+    """The host-wide compute gate the service's model calls pass through (`sapo.cpugate`)."""
 
     def consumer(
         self, role: str, *, swarm: bool = False, per_process: bool = False, watch: bool = False
@@ -93,6 +102,29 @@ class Runtime:
         if self.swarm_publisher is not self.publisher:
             self.swarm_publisher.flush(FLUSH_TIMEOUT_S)
         self.ops.stop()
+        self.gate.close()
+
+
+def open_gate(service: str, settings: ServiceSettings, registry: CollectorRegistry) -> Gate:
+    """The compute gate `settings` name, its waits in `sapo_<service>_compute_gate_wait_seconds`."""
+    if settings.compute_gate_dir is None:
+        return NoGate()
+    waits = Histogram(
+        f"sapo_{service}_compute_gate_wait_seconds",
+        "Wait for a slot of the host-wide compute gate before a model call (sapo.cpugate).",
+        buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+        registry=registry,
+    )
+    try:
+        gate = ComputeGate.open(settings.compute_gate_dir, settings.compute_gate_slots, waits.observe)
+    except OSError as exc:
+        prefix = str(type(settings).model_config.get("env_prefix", ""))
+        raise ConfigError(
+            f"{prefix}COMPUTE_GATE_DIR={settings.compute_gate_dir}: cannot open the compute "
+            f"gate's lock files ({exc.strerror or exc}); set a writable directory, or unset it for no gate"
+        ) from None
+    log.info("compute gate %s: %d slot(s)", settings.compute_gate_dir, gate.slots)
+    return gate
 
 
 def start_runtime(service: str, settings: ServiceSettings, *, install_signals: bool = True) -> Runtime:
@@ -105,6 +137,7 @@ def start_runtime(service: str, settings: ServiceSettings, *, install_signals: b
         registry.register(collector)
     health = Health()
     transport = TransportMetrics(registry, service)
+    gate = open_gate(service, settings, registry)
     stop = StopFlag()
     if install_signals:
         install_signal_handlers(stop)
@@ -137,6 +170,7 @@ def start_runtime(service: str, settings: ServiceSettings, *, install_signals: b
             publisher, topics.dlq, service, transport, max_value_bytes=chunk_size(limit)
         ),
         ops=ops,
+        gate=gate,
     )
 
 

@@ -254,6 +254,20 @@ class ServiceSettings(BaseSettings):
         "client's, the HTTP server's) waits for the running one's slice instead of preempting a model "
         "step. 0 = the kernel's default slice.",
     )
+    compute_gate_dir: Path | None = Field(
+        None,
+        description="Directory of the host-wide compute gate (`sapo.cpugate`): services that share a "
+        "host's CPUs and name the same directory run at most compute_gate_slots model calls (generation "
+        "calls, training steps) at once, so that calls do not slow each other down by taking turns on a "
+        "CPU. `sapo swarm` sets it for its services; unset (Kubernetes: each pod has its own CPUs) = no "
+        "limit.",
+    )
+    compute_gate_slots: int = Field(
+        1,
+        ge=1,
+        le=4096,
+        description="Model calls the compute gate lets run at once: the CPUs the services share.",
+    )
     max_message_bytes: int = Field(
         DEFAULT_MAX_MESSAGE_BYTES,
         ge=64 * 1024,

@@ -30,6 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "sapo.settings",
         "sapo.malloc",
         "sapo.cpuslice",
+        "sapo.cpugate",
     ),
     ("sapo.digests", "sapo.tensorfile", "sapo.storage"),
     ("sapo.tasks", "sapo.convert", "sapo.grpo", "sapo.kafka", "sapo.ops", "sapo.checkpoints", "sapo.broker"),

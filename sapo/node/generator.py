@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from typing import Self
 
 from sapo.backends import GenerationBackend
+from sapo.cpugate import Gate, NoGate
 from sapo.generator import Item, generate_items
 from sapo.generator.settings import GeneratorSettings
 from sapo.generator.sharing import scored_rewards
@@ -87,8 +88,10 @@ class GeneratorService:
         stop: StopFlag,
         dead_letters: DeadLetters | None = None,
         signer: HeaderSigner | None = None,
+        gate: Gate | None = None,
     ) -> None:
         self._settings = settings
+        self._gate: Gate = gate or NoGate()
         self._backend = backend
         self._follower = follower
         self._publisher = publisher
@@ -166,6 +169,7 @@ class GeneratorService:
             stop=runtime.stop,
             dead_letters=runtime.dead_letters,
             signer=signer,
+            gate=runtime.gate,
         )
 
     @property
@@ -233,7 +237,8 @@ class GeneratorService:
     def generate(self, items: Sequence[Item]) -> list[rollout_pb2.RolloutGroup]:
         """Sample, score, publish and flush the groups of `items` with the currently loaded weights."""
         version = self._backend.model_version
-        generated = generate_items(self._backend, self._stream, self._source, items, version)
+        with self._gate.hold():  # sampling and scoring keep a CPU busy (sapo.cpugate)
+            generated = generate_items(self._backend, self._stream, self._source, items, version)
         groups, seconds = generated.groups, generated.generate_seconds
         shared = self._publish(groups)
         self.generated += len(groups)

@@ -29,6 +29,7 @@ from typing import Self
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from sapo.checkpoints import Published, Written
+from sapo.cpugate import Gate, NoGate
 from sapo.kafka import (
     ConsumerClient,
     ConsumerLoop,
@@ -104,9 +105,12 @@ class TrainerService:
         dead_letters: DeadLetters | None = None,
         lease: Lease | None = None,
         poll_timeout_s: float = 1.0,
+        gate: Gate | None = None,
     ) -> None:
         self.settings = settings
         self.trainer = trainer
+        self.gate: Gate = gate or NoGate()
+        """Each step runs in a slot of the host-wide compute gate (`sapo.cpugate`)."""
         self.lease = lease
         self.publisher = publisher
         self.topics = topics
@@ -177,6 +181,7 @@ class TrainerService:
             stop=runtime.stop,
             dead_letters=runtime.dead_letters,
             lease=lease,
+            gate=runtime.gate,
         )
         service.start()
         return service
@@ -267,7 +272,8 @@ class TrainerService:
         if attempt is not None:
             self.attempts.write(attempt)
         try:
-            return self.trainer.apply(batch)
+            with self.gate.hold():
+                return self.trainer.apply(batch)
         except Exception as exc:
             if attempt is not None:
                 self.attempts.write(replace(attempt, error=f"{type(exc).__name__}: {exc}"))

@@ -2,9 +2,10 @@
 generator, sampler and trainer as separate processes that talk only through Kafka.
 
 Each process gets its settings through the same environment variables a Kubernetes Deployment
-would set, its own /metrics port, and a log file in the run directory. Stopping sends SIGTERM to
-every process (generators first, trainers last so their final checkpoint lands), waits, and kills
-what is left.
+would set, its own /metrics port, and a log file in the run directory. The generators' and trainers'
+model calls share one compute gate in the run directory, a slot per CPU (`sapo.cpugate`). Stopping
+sends SIGTERM to every process (generators first, trainers last so their final checkpoint lands),
+waits, and kills what is left.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from sapo.broker import EmbeddedBroker
+from sapo.cpugate import omp_threads, slots_for, usable_cpus
 from sapo.malloc import with_malloc_tunable
 from sapo.settings import ConsumerProfile
 from sapo.swarm.manifest import (
@@ -38,6 +40,8 @@ from sapo.topics import TopicNames, ensure_topics
 START_ORDER: tuple[Service, ...] = ("trainer", "sampler", "generator")
 STOP_ORDER: tuple[Service, ...] = ("generator", "sampler", "trainer")
 STOP_GRACE_S = 60.0
+GATED: tuple[Service, ...] = ("generator", "trainer")
+"""The services whose model calls go through the machine's compute gate (`sapo.cpugate`)."""
 
 
 @dataclass
@@ -161,13 +165,25 @@ class Swarm:
             values["consumer"] = profile.model_dump()
         return flatten_env(service, values)
 
+    def _gate_values(self, env: Mapping[str, str]) -> dict[str, Any]:
+        """Every node's model calls share this machine's CPUs: one compute gate for all of them, a slot
+        per CPU (per OMP_NUM_THREADS CPUs) the launcher may use (`sapo.cpugate`)."""
+        return {
+            "compute_gate_dir": str(self.run_dir / "gate"),
+            "compute_gate_slots": slots_for(usable_cpus(), omp_threads(env)),
+        }
+
     def spawn(self, node: NodeSpec, service: Service, replica: int = 0) -> ServiceProcess:
         """Start one service process of a node (a restart of one that died, too)."""
         name = f"{node.id}-{service}" + (f"-{replica}" if replica else "")
         port_file = self.run_dir / "ports" / name
         port_file.unlink(missing_ok=True)
         env = dict(os.environ) | self.env
+        # Many processes share few cores: torch's default thread pool per process oversubscribes them.
+        env.setdefault("OMP_NUM_THREADS", "1")
         env |= self._common_env(node, service, name, port_file)
+        if service in GATED:
+            env |= flatten_env(service, self._gate_values(env))
         values = service_values(
             node, service, sharing_peers(self.manifest, node), swarm_profiles(self.manifest)
         )
@@ -175,8 +191,6 @@ class Swarm:
             values.setdefault("checkpoint_root", str(self.checkpoints))
         env |= flatten_env(service, values)
         env["PYTHONUNBUFFERED"] = "1"
-        # Many processes share few cores: torch's default thread pool per process oversubscribes them.
-        env.setdefault("OMP_NUM_THREADS", "1")
         env = with_malloc_tunable(env)  # huge pages for torch's per-step tensors (sapo.malloc)
         log_path = self.run_dir / "logs" / f"{name}.log"
         with log_path.open("ab") as log:

@@ -72,7 +72,10 @@ def test_two_node_lockstep_swarm_runs_end_to_end(
         assert sorted((g.round, g.policy_version) for g in groups) == [
             (r, r) for r in range(ROUNDS) for _ in (0, 1)
         ]
-        assert (tmp_path / "logs" / f"{node}-trainer.log").exists()
+        # The launcher puts every node's model calls behind the machine's one compute gate.
+        for service in ("trainer", "generator"):
+            log_text = (tmp_path / "logs" / f"{node}-{service}.log").read_text()
+            assert f"compute gate {tmp_path / 'gate'}" in log_text
         # The on-policy record: one row per round, each the mean of every completion the node sampled.
         rounds = read_rows(tmp_path / "rounds" / f"{node}.jsonl")
         assert [(r["round"], r["policy_version"], r["groups"]) for r in rounds] == [
