@@ -195,6 +195,17 @@ the 33 consumers, whose heartbeats cost the broker ~1.1 ms of CPU a second each 
 the same command on a slower hour (in process 5.27 / 5.11): services 6.47 / 7.07, 1.228 / 1.384,
 +30.5% (FAIL; services 163-171 CPU s, broker 6.8-8.1, steps 1.140 / 1.239x): no gain this bench shows.
 
+Then the launcher put every generation call and training step behind one compute gate, a flock slot
+per CPU (`sapo.cpugate`): four trainers' steps taking turns on one CPU every 100 ms slice had cost
+8-10% more CPU each than the same steps one after another. `--side-by-side --repeats 1`, the commit
+before (a worktree) and the gate alternating, twice, on the idle machine (services / in process, s per
+round; the services' training step against the in-process one): before 6.114 / 4.528 (+35.0%, steps
+1.25x) and 6.903 / 5.010 (+37.8%, 1.21x); with the gate 5.954 / 4.842 (+23.0%, 1.08x) and 6.177 /
+4.430 (+39.4%, 1.31x; that in-process run's steps were its fastest, 0.645 s). With a temporary
+version of the gate earlier the same day: 6.042 and 6.008 s against 6.547 and 6.646 without. The
+services' round, the steadier side of the ratio here: median 6.03 s with the gate against 6.60
+without (-9%); the overhead stays far above 5% (FAIL).
+
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_pipeline.py [--model warm:0] [--nodes 4] [--rounds 10]
         [--repeats 2] [--one-wait | --side-by-side]
 
