@@ -33,6 +33,9 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
+POLL_S = 0.005
+"""How often a caller waiting on a gate of several slots tries them again (a few syscalls each)."""
+
 
 def slots_for(cpus: int, threads_per_call: int) -> int:
     """Slots for `cpus` CPUs when each model call runs `threads_per_call` threads: at least one."""
@@ -83,18 +86,27 @@ class ComputeGate:
             os.close(fd)
         self._files = []
 
-    def _take(self) -> int:
-        """Take a free slot if there is one, else wait on this process's own slot; the slot's file."""
-        start = os.getpid() % len(self._files)
-        order = self._files[start:] + self._files[:start]
+    def _try(self, order: list[int]) -> int | None:
         for fd in order:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 return fd
             except BlockingIOError:
                 continue
-        fcntl.flock(order[0], fcntl.LOCK_EX)
-        return order[0]
+        return None
+
+    def _take(self) -> int:
+        """Take a free slot, waiting for one if all are taken; the slot's file. One slot is waited on in
+        the kernel; several are polled every `POLL_S`, since a process can wait on only one flock at a
+        time and waiting on one slot would leave a CPU idle while another slot is free."""
+        start = os.getpid() % len(self._files)
+        order = self._files[start:] + self._files[:start]
+        if len(order) == 1:
+            fcntl.flock(order[0], fcntl.LOCK_EX)
+            return order[0]
+        while (fd := self._try(order)) is None:
+            time.sleep(POLL_S)
+        return fd
 
     @contextlib.contextmanager
     def hold(self) -> Iterator[None]:
