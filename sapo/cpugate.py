@@ -125,8 +125,6 @@ class ComputeGate:
 class NoGate:
     """No limit: the block runs at once."""
 
-    slots = 0
-
     @contextlib.contextmanager
     def hold(self) -> Iterator[None]:
         yield
