@@ -17,7 +17,15 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -140,17 +148,20 @@ class ConsumerProfile(BaseModel):
 
     @classmethod
     def local_swarm(cls) -> ConsumerProfile:
-        """A swarm the launcher runs on the embedded broker: `local()` with 200 ms fetch waits on a
-        round's path and 1.5 s for the watchers. Its consumers (8 per node) share the machine with the
-        models, and each fetch costs the broker about half a millisecond of CPU (more per partition it
-        names) even when it returns nothing; a lock-step round waits on three hops, so the longer wait
-        costs ~0.2 s of latency a round and saves more CPU than that (bench_pipeline.py, 4 nodes on one
-        CPU: 7.58 s per round against 8.41 at 50 ms). The watchers (a node's two leases and its
-        sampler's view of its trainer, 3 of its 8 consumers, and the launcher's recorder) hold no
-        round up, and the watch wait stays below `lease_read_idle_s` (2 s), how long a lease reader
-        waits for a record before it counts the topic as read. Tests keep `local()`: few consumers,
-        and latency is their wall time."""
-        return cls.local().model_copy(update={"fetch_wait_max_ms": 200, "watch_fetch_wait_max_ms": 1500})
+        """A swarm the launcher runs on the embedded broker: `local()` with 500 ms fetch waits on a
+        round's path and 1.5 s for the watchers. Its consumers share the machine with the models, and
+        each fetch costs the broker about half a millisecond of CPU (more per partition it names) even
+        when it returns nothing, and wakes it between the model calls; a lock-step round waits on three
+        hops, so a longer wait costs latency (~0.25 s a hop on average at 500 ms, hidden while other
+        nodes' model calls keep the CPUs busy) and saves CPU. bench_pipeline.py's services, 4 nodes on
+        one CPU, s per round: 7.58 at 200 ms against 8.41 at 50; 4.94-6.63 at 500 ms against 5.59-6.89
+        at 200, each pair run back to back (4 pairs, -4% to -13%; the broker's CPU -22% for the same
+        training steps); 1000 ms saved the broker more CPU but no round time. The watchers (a node's
+        two leases and its sampler's view of its trainer, and the launcher's recorder) hold no round
+        up, and the watch wait stays below `lease_read_idle_s` (2 s), how long a lease reader waits for
+        a record before it counts the topic as read. Tests keep `local()`: few consumers, and latency
+        is their wall time."""
+        return cls.local().model_copy(update={"fetch_wait_max_ms": 500, "watch_fetch_wait_max_ms": 1500})
 
     @classmethod
     def local_durable(cls) -> ConsumerProfile:
@@ -259,8 +270,8 @@ class ServiceSettings(BaseSettings):
         description="Directory of the host-wide compute gate (`sapo.cpugate`): services that share a "
         "host's CPUs and name the same directory run at most compute_gate_slots model calls (generation "
         "calls, training steps) at once, so that calls do not slow each other down by taking turns on a "
-        "CPU. `sapo swarm` sets it for its services; unset (Kubernetes: each pod has its own CPUs) = no "
-        "limit.",
+        "CPU. `sapo swarm` sets it for its services unless its environment does; unset or empty "
+        "(Kubernetes: each pod has its own CPUs) = no limit.",
     )
     compute_gate_slots: int = Field(
         1,
@@ -288,6 +299,13 @@ class ServiceSettings(BaseSettings):
         description="This node's key and whom it trusts (IDENTITY__MODE, IDENTITY__PRIVATE_KEY_FILE, "
         "IDENTITY__TRUST_FILE, ...; sapo.identity.settings).",
     )
+
+    @field_validator("compute_gate_dir", mode="before")
+    @classmethod
+    def _empty_is_no_gate(cls, value: object) -> object:
+        """`COMPUTE_GATE_DIR=` turns off the gate a supervisor would set (an empty path would name the
+        working directory)."""
+        return None if value == "" else value
 
     @property
     def swarm_connection(self) -> KafkaConnection:

@@ -150,7 +150,9 @@ class Swarm:
         profile = self._consumer_profile() or ConsumerProfile()
         return {"bootstrap.servers": self.bootstrap} | profile.to_librdkafka(watch=True)
 
-    def _common_env(self, node: NodeSpec, service: Service, name: str, port_file: Path) -> dict[str, str]:
+    def _wiring(self, node: NodeSpec, service: Service, name: str, port_file: Path) -> dict[str, str]:
+        """What only the launcher can decide for a process: which node it is, where its broker and
+        ports are."""
         values: dict[str, Any] = {
             "node_id": node.id,
             "kafka": {"bootstrap_servers": self.bootstrap, "client_id": name},
@@ -158,32 +160,35 @@ class Swarm:
             "http_host": "127.0.0.1",
             "http_port": 0,
             "http_port_file": str(port_file),
-            "log_format": "text",
         }
+        return flatten_env(service, values)
+
+    def _defaults(self, service: Service, env: Mapping[str, str]) -> dict[str, str]:
+        """The launcher's choices for a process on this machine, which its environment may override:
+        text logs, the consumer timing, and for the model services the machine's compute gate (every
+        node's model calls share one, a slot per CPU, or per OMP_NUM_THREADS CPUs, the launcher may
+        use: `sapo.cpugate`)."""
+        values: dict[str, Any] = {"log_format": "text"}
         profile = self._consumer_profile()
         if profile is not None:
             values["consumer"] = profile.model_dump()
+        if service in GATED:
+            values["compute_gate_dir"] = str(self.run_dir / "gate")
+            values["compute_gate_slots"] = slots_for(usable_cpus(), omp_threads(env))
         return flatten_env(service, values)
 
-    def _gate_values(self, env: Mapping[str, str]) -> dict[str, Any]:
-        """Every node's model calls share this machine's CPUs: one compute gate for all of them, a slot
-        per CPU (per OMP_NUM_THREADS CPUs) the launcher may use (`sapo.cpugate`)."""
-        return {
-            "compute_gate_dir": str(self.run_dir / "gate"),
-            "compute_gate_slots": slots_for(usable_cpus(), omp_threads(env)),
-        }
-
-    def spawn(self, node: NodeSpec, service: Service, replica: int = 0) -> ServiceProcess:
-        """Start one service process of a node (a restart of one that died, too)."""
-        name = f"{node.id}-{service}" + (f"-{replica}" if replica else "")
-        port_file = self.run_dir / "ports" / name
-        port_file.unlink(missing_ok=True)
-        env = dict(os.environ) | self.env
+    def service_env(
+        self, node: NodeSpec, service: Service, name: str, port_file: Path, base: Mapping[str, str]
+    ) -> dict[str, str]:
+        """One process's environment: `base` (the launcher's own and `env`); the launcher's defaults
+        (one OpenMP thread, `_defaults`) for each variable `base` does not set, so that a user's
+        `SAPO_TRAINER_COMPUTE_GATE_DIR=` (empty: no gate) or consumer timing wins; then the node's
+        wiring and the manifest's values, which nothing else may set."""
+        env = dict(base)
         # Many processes share few cores: torch's default thread pool per process oversubscribes them.
         env.setdefault("OMP_NUM_THREADS", "1")
-        env |= self._common_env(node, service, name, port_file)
-        if service in GATED:
-            env |= flatten_env(service, self._gate_values(env))
+        env |= {k: v for k, v in self._defaults(service, env).items() if k not in env}
+        env |= self._wiring(node, service, name, port_file)
         values = service_values(
             node, service, sharing_peers(self.manifest, node), swarm_profiles(self.manifest)
         )
@@ -191,7 +196,14 @@ class Swarm:
             values.setdefault("checkpoint_root", str(self.checkpoints))
         env |= flatten_env(service, values)
         env["PYTHONUNBUFFERED"] = "1"
-        env = with_malloc_tunable(env)  # huge pages for torch's per-step tensors (sapo.malloc)
+        return with_malloc_tunable(env)  # huge pages for torch's per-step tensors (sapo.malloc)
+
+    def spawn(self, node: NodeSpec, service: Service, replica: int = 0) -> ServiceProcess:
+        """Start one service process of a node (a restart of one that died, too)."""
+        name = f"{node.id}-{service}" + (f"-{replica}" if replica else "")
+        port_file = self.run_dir / "ports" / name
+        port_file.unlink(missing_ok=True)
+        env = self.service_env(node, service, name, port_file, os.environ | self.env)
         log_path = self.run_dir / "logs" / f"{name}.log"
         with log_path.open("ab") as log:
             proc = subprocess.Popen(
