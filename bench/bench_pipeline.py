@@ -206,6 +206,18 @@ version of the gate earlier the same day: 6.042 and 6.008 s against 6.547 and 6.
 services' round, the steadier side of the ratio here: median 6.03 s with the gate against 6.60
 without (-9%); the overhead stays far above 5% (FAIL).
 
+Then the launcher's swarm fetched every 500 ms on a round's path instead of 200
+(`ConsumerProfile.local_swarm`). The services alone, pinned to one CPU, 200 ms and 500 ms run back to
+back, four pairs (s per round, 200 / 500): 6.69 / 5.92 (a test run beside the first), 5.59 / 5.07,
+5.66 / 4.94, 6.89 / 6.63: -4% to -13%; the broker's CPU per run 6.4-8.6 s against 4.2-6.5, ~25% less
+per CPU second of the training steps beside it. 1000 ms saved the broker more but no round time
+(5.42, 6.60), nor did 2 s heartbeats (6.07, 5.62; with 500 ms fetches 5.90, 5.78). `--side-by-side
+--repeats 1` against the commit before, alternating twice: services 6.728 / 6.191 against 6.278 /
+6.094 s per round, in process 5.441 / 4.900 against 5.171 / 5.137: +23.6% / +26.3% against +21.4% /
++18.6% (FAIL), the services' CPU 157 / 154 s a run against 167 / 174 (broker 6.6 / 5.5 against 7.7 /
+8.1). Less CPU both ways; a shorter round only in the services-only pairs. `make swarm` (3 x 135M, 2
+cores, not pinned) took 233 s against 235 s for the commit before, back to back.
+
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_pipeline.py [--model warm:0] [--nodes 4] [--rounds 10]
         [--repeats 2] [--one-wait | --side-by-side]
 

@@ -109,8 +109,11 @@ START_UP_MARKERS = (
 
 # Innermost frames of a thread blocked in a wait (an ops server's select, a sampler's idle pause, a
 # stop flag's wait): py-spy's --nonblocking sampling still reports such threads now and then, and a
-# sample of one would take a share of its process's CPU from the work that used it.
-IDLE_LEAVES = ("_PollLikeSelector.select (", "Condition.wait (", "socket.accept (")
+# sample of one would take a share of its process's CPU from the work that used it. The compute gate
+# (`sapo.cpugate`) is one too: on the pinned CPU its single slot is waited on in the kernel, and the
+# release wakes the next holder, which runs while the releasing thread, still on that line, waits its
+# turn for the CPU (py-spy counts a runnable thread as active).
+IDLE_LEAVES = ("_PollLikeSelector.select (", "Condition.wait (", "socket.accept (", "ComputeGate.hold (")
 
 PROCESS = re.compile(r'^process (\d+):"(.*?)"$', re.S)
 

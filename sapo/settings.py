@@ -155,7 +155,7 @@ class ConsumerProfile(BaseModel):
         hops, so a longer wait costs latency (~0.25 s a hop on average at 500 ms, hidden while other
         nodes' model calls keep the CPUs busy) and saves CPU. bench_pipeline.py's services, 4 nodes on
         one CPU, s per round: 7.58 at 200 ms against 8.41 at 50; 4.94-6.63 at 500 ms against 5.59-6.89
-        at 200, each pair run back to back (4 pairs, -4% to -13%; the broker's CPU -22% for the same
+        at 200, each pair run back to back (4 pairs, -4% to -13%; the broker's CPU -25% for the same
         training steps); 1000 ms saved the broker more CPU but no round time. The watchers (a node's
         two leases and its sampler's view of its trainer, and the launcher's recorder) hold no round
         up, and the watch wait stays below `lease_read_idle_s` (2 s), how long a lease reader waits for
