@@ -156,7 +156,8 @@ class ConsumerProfile(BaseModel):
         nodes' model calls keep the CPUs busy) and saves CPU. bench_pipeline.py's services, 4 nodes on
         one CPU, s per round: 7.58 at 200 ms against 8.41 at 50; 4.94-6.63 at 500 ms against 5.59-6.89
         at 200, each pair run back to back (4 pairs, -4% to -13%; the broker's CPU -25% for the same
-        training steps); 1000 ms saved the broker more CPU but no round time. The watchers (a node's
+        training steps; side by side with an in-process run, no shorter round, the services' CPU 6-12%
+        less); 1000 ms saved the broker more CPU but no round time. The watchers (a node's
         two leases and its sampler's view of its trainer, and the launcher's recorder) hold no round
         up, and the watch wait stays below `lease_read_idle_s` (2 s), how long a lease reader waits for
         a record before it counts the topic as read. Tests keep `local()`: few consumers, and latency
