@@ -218,6 +218,11 @@ per CPU second of the training steps beside it. 1000 ms saved the broker more bu
 8.1). Less CPU both ways; a shorter round only in the services-only pairs. `make swarm` (3 x 135M, 2
 cores, not pinned) took 233 s against 235 s for the commit before, back to back.
 
+What the same swarm costs with nothing to do (`bench/bench_idle.py`: two rounds trained, then 30 s at
+rest, pinned to one CPU): 5.91% of the CPU with `local_swarm` (the broker 3.43), 15.60% with the
+tests' 50 ms waits. A round here is CPU-bound, so that floor alone lengthens it by ~6%, more than the
+target allows before the services have moved a record.
+
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_pipeline.py [--model warm:0] [--nodes 4] [--rounds 10]
         [--repeats 2] [--one-wait | --side-by-side]
 

@@ -187,6 +187,13 @@ class EmbeddedBroker:
         """Where the broker's stdout and stderr go (None before start)."""
         return self._log_path
 
+    @property
+    def pid(self) -> int:
+        """The broker process's id (for reading its CPU from /proc); only valid while running."""
+        if self._process is None:
+            raise BrokerError("the broker is not running; call start() first")
+        return self._process.pid
+
     def is_running(self) -> bool:
         """Whether the broker process is alive (False before start, after stop, or after a crash)."""
         return self._process is not None and self._process.poll() is None

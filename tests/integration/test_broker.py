@@ -60,6 +60,7 @@ def test_stop_is_fast_idempotent_and_frees_the_port() -> None:
     broker = EmbeddedBroker().start()
     bootstrap, log_path = broker.bootstrap, broker.log_path
     assert log_path is not None and log_path.exists()
+    assert Path(f"/proc/{broker.pid}/comm").read_text().strip() == "tansu"
     started = time.monotonic()
     broker.stop()
     assert time.monotonic() - started < 2.0
@@ -69,6 +70,8 @@ def test_stop_is_fast_idempotent_and_frees_the_port() -> None:
     broker.stop()
     with pytest.raises(BrokerError, match="not running"):
         _ = broker.bootstrap
+    with pytest.raises(BrokerError, match="not running"):
+        _ = broker.pid
 
 
 def test_ensure_topics_is_idempotent_and_compacts_the_policy_topic(
