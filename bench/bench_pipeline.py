@@ -223,6 +223,12 @@ rest, pinned to one CPU): 5.91% of the CPU with `local_swarm` (the broker 3.43),
 tests' 50 ms waits. A round here is CPU-bound, so that floor alone lengthens it by ~6%, more than the
 target allows before the services have moved a record.
 
+The same code on a faster day of the host (its in-process rounds 2.8-3.0 s, against 4.9-5.4 s
+before): `--side-by-side --repeats 1` 4.050 / 2.806 s per round, +44.4%, training steps 1.14x; in turn
+with `--one-wait`, services 4.072, in process 3.038 (+34.0%, steps 1.17x), every consumer at 50 ms
+4.172 (1.025x the services'). The services' round shrank less than the in-process one. Shorter waits
+still bought nothing. FAIL.
+
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_pipeline.py [--model warm:0] [--nodes 4] [--rounds 10]
         [--repeats 2] [--one-wait | --side-by-side]
 
