@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -82,7 +83,7 @@ def read(pids: dict[str, int]) -> Reading:
             cpu[kind] = cpu.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / TICK
             tasks = list(Path(f"/proc/{pid}/task").iterdir())
         except OSError:
-            continue  # exited: its kind reads short, which the process count below shows
+            continue  # exited: measure() refuses the window
         for task in tasks:
             try:
                 thread = (task / "comm").read_text().strip()
@@ -118,6 +119,8 @@ def measure(profile: str, args: argparse.Namespace, root: Path) -> Reading:
             recorder.drain()
             time.sleep(min(DRAIN_S, max(0.0, end - time.monotonic())))
         after = read(pids)
+        if swarm.failed() or any(p.proc.poll() is not None for p in swarm.processes):
+            raise SystemExit(f"{profile}: a service exited during the window; see {root / profile}/logs")
         cpu = {kind: seconds - before.cpu.get(kind, 0.0) for kind, seconds in after.cpu.items()}
         cpu["launcher"] = time.process_time() - own
         return Reading(cpu, after.switches - before.switches)
@@ -151,9 +154,10 @@ def main() -> int:
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[: args.cpus])  # the children inherit it
     request_cpu_slice(DEFAULT_SLICE_MS)  # as `sapo swarm` does before it starts anything
     shares = {}
-    with tempfile.TemporaryDirectory(prefix="bench-idle-") as tmp:
-        for profile in ("local", "local_swarm"):
-            shares[profile] = report(profile, measure(profile, args, Path(tmp)), args.window_s)
+    root = Path(tempfile.mkdtemp(prefix="bench-idle-"))  # kept when a run fails: its logs say why
+    for profile in ("local", "local_swarm"):
+        shares[profile] = report(profile, measure(profile, args, root), args.window_s)
+    shutil.rmtree(root)
     base, swarm = shares["local"], shares["local_swarm"]
     print(f"\nlocal_swarm / local (CPU at rest): {swarm / base:.3f}")
     verdict = "PASS" if swarm <= TARGET else "FAIL"
