@@ -48,7 +48,7 @@ from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
 
-from bench_pipeline import bench_manifest
+from bench_pipeline import bench_manifest, read_stat
 
 from sapo.cpuslice import DEFAULT_SLICE_MS, request_cpu_slice
 from sapo.settings import ConsumerProfile
@@ -58,7 +58,6 @@ TARGET = 0.05
 """bench_pipeline.py's target: the services' round at most 5% longer than the in-process one."""
 DRAIN_S = 2.0
 """How often `sapo swarm` drains its recorder (run_swarm's refresh)."""
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 class Reading(NamedTuple):
@@ -79,8 +78,7 @@ def read(pids: dict[str, int]) -> Reading:
     for name, pid in pids.items():
         kind = kind_of(name)
         try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            cpu[kind] = cpu.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / TICK
+            cpu[kind] = cpu.get(kind, 0.0) + read_stat(Path(f"/proc/{pid}/stat"))[2]
             tasks = list(Path(f"/proc/{pid}/task").iterdir())
         except OSError:
             continue  # exited: measure() refuses the window

@@ -263,6 +263,7 @@ from sapo.swarm.manifest import SwarmManifest, parse_manifest
 from sapo.swarm.run import run_swarm
 
 TARGET_OVERHEAD = 0.05
+TICK = os.sysconf("SC_CLK_TCK")
 RESULT = "result.json"
 """What a --side-by-side child leaves in its run directory: [seconds per round, CPU seconds]."""
 
@@ -306,6 +307,14 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
+def read_stat(path: Path) -> tuple[str, int, float]:
+    """(command name, parent pid, CPU seconds) of a process from its /proc/PID/stat; raises OSError
+    when it has exited."""
+    name, _, rest = path.read_text().rpartition(")")
+    fields = rest.split()
+    return name.partition("(")[2], int(fields[1]), (int(fields[11]) + int(fields[12])) / TICK
+
+
 class BrokerCpu:
     """CPU seconds of the embedded brokers this process starts (a child named `tansu`), sampled from
     /proc every half second while a run lasts: the rusage of children mixes them with the services."""
@@ -328,18 +337,17 @@ class BrokerCpu:
         return sum(self.seen.values())
 
     def _sample(self) -> None:
-        tick, me = os.sysconf("SC_CLK_TCK"), os.getpid()
+        me = os.getpid()
         while not self._stop.wait(0.5):
             # Every process until the broker shows up, then only it (a scan costs ~200 file reads).
             known = [Path(f"/proc/{pid}/stat") for pid in self.seen]
             for stat in known or Path("/proc").glob("[0-9]*/stat"):
                 try:
-                    name, rest = stat.read_text().rsplit(")", 1)
+                    name, parent, cpu = read_stat(stat)
                 except OSError:
                     continue  # exited meanwhile
-                fields = rest.split()
-                if name.endswith("(tansu") and int(fields[1]) == me:
-                    self.seen[int(stat.parent.name)] = (int(fields[11]) + int(fields[12])) / tick
+                if name == "tansu" and parent == me:
+                    self.seen[int(stat.parent.name)] = cpu
 
 
 def measure(

@@ -49,7 +49,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench_pipeline import bench_manifest, kafka, seconds_per_round
+from bench_pipeline import bench_manifest, kafka, read_stat, seconds_per_round
 
 from sapo.swarm.history import STEPS_DIR, read_rows
 from sapo.swarm.manifest import SwarmManifest
@@ -147,7 +147,6 @@ class CpuWatch(threading.Thread):
         super().__init__(daemon=True)
         self.halt = threading.Event()
         self.last: dict[int, tuple[str, float]] = {}
-        self.tick = os.sysconf("SC_CLK_TCK")
         self.own_cpu = 0.0  # this thread's: the launcher's figure leaves it out
         self.series: list[tuple[float, dict[str, float]]] = []
         """(wall time, CPU seconds per role so far) after every reading."""
@@ -164,10 +163,10 @@ class CpuWatch(threading.Thread):
         for entry in os.scandir("/proc"):
             if entry.name.isdigit():
                 try:
-                    fields = Path(entry.path, "stat").read_text().rpartition(")")[2].split()
+                    _, parent, cpu = read_stat(Path(entry.path, "stat"))
                 except OSError:
                     continue
-                stats[int(entry.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / self.tick)
+                stats[int(entry.name)] = (parent, cpu)
         me = os.getpid()
         for pid, (_, cpu) in stats.items():
             ancestor = pid
