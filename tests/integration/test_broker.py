@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import selectors
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -29,10 +29,8 @@ pytestmark = pytest.mark.integration
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_broker_starts_fast_and_answers_with_its_cluster_id() -> None:
-    started = time.monotonic()
+def test_broker_starts_and_answers_with_its_cluster_id() -> None:
     with EmbeddedBroker() as broker:
-        assert time.monotonic() - started < 5.0
         assert broker.is_running()
         assert broker.bootstrap.startswith("127.0.0.1:")
         assert probe_cluster_id(broker.bootstrap, timeout_s=5.0) == broker.cluster_id
@@ -56,14 +54,16 @@ def test_busy_port_fails_clearly_instead_of_reporting_the_old_broker() -> None:
         assert probe_cluster_id(old.bootstrap, timeout_s=5.0) == old.cluster_id
 
 
-def test_stop_is_fast_idempotent_and_frees_the_port() -> None:
+def test_stop_ends_the_broker_with_sigterm_is_idempotent_and_frees_the_port(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     broker = EmbeddedBroker().start()
     bootstrap, log_path = broker.bootstrap, broker.log_path
     assert log_path is not None and log_path.exists()
     assert Path(f"/proc/{broker.pid}/comm").read_text().strip() == "tansu"
-    started = time.monotonic()
-    broker.stop()
-    assert time.monotonic() - started < 2.0
+    with caplog.at_level(logging.WARNING, logger="sapo.broker"):
+        broker.stop()
+    assert "ignored SIGTERM" not in caplog.text  # it exited on SIGTERM, not killed after the grace period
     assert not broker.is_running()
     assert not log_path.exists()
     assert probe_cluster_id(bootstrap, timeout_s=1.0) is None

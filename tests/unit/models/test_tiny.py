@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -21,10 +19,8 @@ def test_same_seed_same_weights_different_seed_different(tokenizer: PreTrainedTo
     assert not torch.equal(a["model.layers.0.mlp.up_proj.weight"], c["model.layers.0.mlp.up_proj.weight"])
 
 
-def test_load_model_tiny_ref_is_fast_and_ready_for_chat() -> None:
-    start = time.perf_counter()
+def test_load_model_tiny_ref_is_ready_for_chat() -> None:
     model, tokenizer = load_model("tiny:0")
-    assert time.perf_counter() - start < 10  # ~0.5 s once the tokenizer is cached; generous for CI
     assert not model.training
     assert model.config.vocab_size == len(tokenizer)
     assert model.config.tie_word_embeddings
