@@ -105,16 +105,21 @@ class Runtime:
         self.gate.close()
 
 
-def open_gate(service: str, settings: ServiceSettings, registry: CollectorRegistry) -> Gate:
-    """The compute gate `settings` name, its waits in `sapo_<service>_compute_gate_wait_seconds`."""
-    if settings.compute_gate_dir is None:
-        return NoGate()
-    waits = Histogram(
+def gate_waits(service: str, registry: CollectorRegistry) -> Histogram:
+    """`sapo_<service>_compute_gate_wait_seconds`: declared where the service has a gate."""
+    return Histogram(
         f"sapo_{service}_compute_gate_wait_seconds",
         "Wait for a slot of the host-wide compute gate before a model call (sapo.cpugate).",
         buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
         registry=registry,
     )
+
+
+def open_gate(service: str, settings: ServiceSettings, registry: CollectorRegistry) -> Gate:
+    """The compute gate `settings` name, its waits in `gate_waits`."""
+    if settings.compute_gate_dir is None:
+        return NoGate()
+    waits = gate_waits(service, registry)
     try:
         gate = ComputeGate.open(settings.compute_gate_dir, settings.compute_gate_slots, waits.observe)
     except OSError as exc:

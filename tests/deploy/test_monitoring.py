@@ -22,6 +22,8 @@ from prometheus_client import CollectorRegistry
 
 from sapo.kafka.metrics import TransportMetrics
 from sapo.node.metrics import GeneratorMetrics, SamplerMetrics, TrainerMetrics
+from sapo.runtime import gate_waits
+from sapo.swarm.launcher import GATED
 from tests.deploy.helm import (
     CI_VALUES,
     CRD_API,
@@ -234,9 +236,12 @@ def queried_metrics() -> dict[str, set[str]]:
 
 
 def declared_metrics(service: str) -> set[str]:
-    """Names on a registry after the transport metrics and the service's own metrics are built."""
+    """Names on a registry after the transport metrics and the service's own metrics are built, and
+    the compute gate's where the launcher gives the service one."""
     registry = CollectorRegistry()
     TransportMetrics(registry, service)
+    if service in GATED:
+        gate_waits(service, registry)
     if service == "generator":
         GeneratorMetrics(registry, ())
     elif service == "sampler":
