@@ -5,8 +5,10 @@ for both, runs alternated so machine noise hits both sides alike. Our backend ad
 per-row stop tracking, trimming and decoding on top of ``generate``; the target is ours/bare >= 0.95.
 bf16 is only faster than fp32 on CPUs with native bf16 matmul (AVX-512 BF16 / AMX); on AVX2-only
 CPUs it is several times slower, so ``--dtype fp32`` is offered for those.
-Under the same seed both sample the same tokens, which the script checks (so the ratio is a pure
-time ratio).
+Both get the same seed, but ours draws each row from its own seeded generator (`_RowSampler` in
+`sapo.backends.hf`) where ``generate`` draws from torch's global one, so they sample different
+tokens. The ratio is of tokens per second, and each side's token count is printed with it: rows that
+end early on EOS are shorter and cheaper per token, so read the counts before the ratio.
 
     .venv/bin/python bench/bench_generator.py [--rounds 3] [--max-new-tokens 64] [--dtype fp32] [--threads 1]
 """
@@ -29,6 +31,7 @@ from sapo.backends import SamplingConfig, TransformersBackend
 from sapo.backends.hf import left_pad
 from sapo.models import BUNDLED_REF, load_model
 
+TARGET_RATIO = 0.95
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 SYSTEM = "You are a careful assistant. Think step by step, then give the final answer."
 QUESTIONS = (
@@ -112,30 +115,29 @@ def main() -> None:
 
     times: dict[str, list[float]] = {"bare": [], "ours": []}
     tokens: dict[str, int] = {}
-    identical = True
     for round_index in range(args.rounds):
         order = ("bare", "ours") if round_index % 2 == 0 else ("ours", "bare")
-        results: dict[str, list[list[int]]] = {}
         for side in order:
             start = time.perf_counter()
             if side == "bare":
-                results[side] = run_bare(model, prompts, params, eos, pad)
+                rows = run_bare(model, prompts, params, eos, pad)
             else:
-                results[side] = [list(s.token_ids) for g in backend.generate(prompts, params) for s in g]
+                rows = [list(s.token_ids) for g in backend.generate(prompts, params) for s in g]
             times[side].append(time.perf_counter() - start)
-            tokens[side] = sum(map(len, results[side]))
+            tokens[side] = sum(map(len, rows))
             print(
                 f"round {round_index} {side}: {tokens[side]} tokens in {times[side][-1]:.2f} s "
                 f"= {tokens[side] / times[side][-1]:.0f} tok/s"
             )
-        identical &= results["bare"] == results["ours"]
 
     rate = {side: tokens[side] / statistics.median(times[side]) for side in times}
+    ratio = rate["ours"] / rate["bare"]
     print(
-        f"median tok/s: bare {rate['bare']:.0f}, ours {rate['ours']:.0f}, "
-        f"ratio ours/bare {rate['ours'] / rate['bare']:.3f} (target >= 0.95)"
+        f"median tok/s: bare {rate['bare']:.0f} ({tokens['bare']} tokens a round), "
+        f"ours {rate['ours']:.0f} ({tokens['ours']} tokens a round)"
     )
-    print(f"same tokens as bare generate under the same seed: {identical}")
+    verdict = "PASS" if ratio >= TARGET_RATIO else "FAIL"
+    print(f"{verdict}: ours {ratio:.3f} x bare generate's tokens/s (target >= {TARGET_RATIO})")
 
 
 if __name__ == "__main__":
