@@ -14,6 +14,11 @@
 - `deadline`: due when I local groups are pooled and J external ones, or `deadline_s` after the I
   local groups were there; missing external slots are then filled from local.
 - `async`: due whenever I local and J external groups are pooled.
+- Both streaming modes wait for no more external groups than `expected_peers` peers can give one
+  batch under `max_per_source`: with the pool holding that many, the batch is due and its missing
+  external slots are filled from local. A swarm with fewer peers than J / max_per_source would
+  otherwise wait for ever (async) or for every deadline, and since the generators may run only
+  `max_ahead` versions ahead, every node of it would stop.
 - Both streaming modes: when a whole round of fresh local groups (`questions_per_round`) was screened
   since the last batch and fewer than I of them had signal, the batch is due with what is pooled (even
   nothing). Otherwise a node whose rounds rarely have signal would deadlock: the generator may run only
@@ -218,6 +223,11 @@ class StreamingAssembler(Assembler[H]):
     def _starved(self) -> bool:
         return self._local_screened >= self.cfg.questions_per_round
 
+    def _reachable_external(self) -> int:
+        """The most usable external groups `expected_peers` peers can give one batch under the quota:
+        once the pool holds that many, waiting for more can only stall the node."""
+        return self.cfg.expected_peers * self.cfg.max_per_source
+
     def next_batch(self, now_s: float, sequence: int) -> Assembly[H] | None:
         self._expire(now_s, sequence)
         while True:  # again only after a pick rejected a lazily screened group: see the module doc
@@ -243,7 +253,8 @@ class StreamingAssembler(Assembler[H]):
         if self._local_ready_s is None:
             self._local_ready_s = now_s
         if external_n < n_external:
-            if self._deadline_s is None or now_s - self._local_ready_s < self._deadline_s:
+            waiting = self._deadline_s is None or now_s - self._local_ready_s < self._deadline_s
+            if waiting and external_n < self._reachable_external():
                 return None
             n_external = external_n
             n_local = min(local_n, mix.total - n_external)

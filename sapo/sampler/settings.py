@@ -116,7 +116,11 @@ class SamplerSettings(ServiceSettings, RoundSettings, LeaseSettings, PeerMetrics
         "arrived by deadline_s. async: emit once I and J are in.",
     )
     expected_peers: int = Field(
-        7, ge=0, le=100_000, description="Lock-step: peers whose round-r groups close round r early."
+        7,
+        ge=0,
+        le=100_000,
+        description="Peers of the swarm. Lock-step: their round-r groups close round r early; deadline "
+        "and async: a batch waits for no more external groups than they can give under max_per_source.",
     )
     lockstep_timeout_s: float = Field(
         60.0,
@@ -306,17 +310,22 @@ class SamplerSettings(ServiceSettings, RoundSettings, LeaseSettings, PeerMetrics
         )
 
     def external_shortfall(self) -> str | None:
-        """Why lock-step batches will hold fewer than J external groups, or None: with expected_peers
-        peers and at most max_per_source groups of each, J may be out of reach (a warning, not an
-        error: a peer count can change while the node runs)."""
+        """Why batches will hold fewer than J external groups, or None: with expected_peers peers and
+        at most max_per_source groups of each, J may be out of reach (a warning, not an error: a peer
+        count can change while the node runs)."""
         reachable = self.max_per_source * self.expected_peers
-        if self.round_mode is not RoundMode.LOCKSTEP or self.external_groups <= reachable:
+        if self.external_groups <= reachable:
             return None
         needed = -(-self.external_groups // max(self.expected_peers, 1))
+        fewer = (
+            "smaller batches"
+            if self.round_mode is RoundMode.LOCKSTEP
+            else f"batches of at most {reachable} external groups, the rest local"
+        )
         return (
             f"J = {self.external_groups} external groups per batch is out of reach: {self.expected_peers} "
             f"peers x MAX_PER_SOURCE {self.max_per_source} = {reachable}; set SAPO_SAMPLER_MAX_PER_SOURCE "
-            f">= {needed} or expect smaller batches"
+            f">= {needed} or expect {fewer}"
         )
 
     def assembly_config(self) -> AssemblyConfig:

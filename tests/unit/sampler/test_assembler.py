@@ -70,6 +70,31 @@ def test_async_waits_for_i_local_and_j_external_under_the_quota() -> None:
     assert feed.assembler.next_batch(T0 + 1, 1) is None
 
 
+@pytest.mark.parametrize("mode", [RoundMode.ASYNC, RoundMode.DEADLINE])
+def test_streaming_waits_for_no_more_external_than_the_expected_peers_give(mode: RoundMode) -> None:
+    """One peer and a quota of 2 can never fill J = 4: the batch takes the 2 and local fills the rest,
+    or (async) a two-node swarm's samplers wait for ever and their generators stop max_ahead ahead."""
+    feed = Feed(make_assembler(_config(mode, mix=Mix(4, 4), max_per_source=2, expected_peers=1)))
+    for _ in range(6):
+        feed.group("local", "node-0", T0)
+    feed.group("external", "peer-1", T0)
+    assert feed.assembler.next_batch(T0, 0) is None  # the peer could still give one more
+    for _ in range(3):
+        feed.group("external", "peer-1", T0)
+    batch = feed.assembler.next_batch(T0, 0)  # before any deadline
+    assert batch is not None
+    assert (len(batch.local), [e.scored.peer for e in batch.external]) == (6, ["peer-1", "peer-1"])
+
+
+def test_streaming_still_waits_when_more_peers_are_expected() -> None:
+    feed = Feed(make_assembler(_config(RoundMode.ASYNC, mix=Mix(4, 4), max_per_source=2, expected_peers=3)))
+    for _ in range(6):
+        feed.group("local", "node-0", T0)
+    for _ in range(4):
+        feed.group("external", "peer-1", T0)
+    assert feed.assembler.next_batch(T0 + 100, 0) is None  # 2 usable; two more peers could give 4
+
+
 def test_deadline_fills_missing_external_slots_from_local() -> None:
     feed = Feed(make_assembler(_config(RoundMode.DEADLINE)))
     for _ in range(5):
