@@ -2,9 +2,10 @@ r"""Rounds per hour, fully async vs lock-step, through the real services on this
 
 Two runs of `sapo.swarm.run.run_swarm` on the same manifest except the round mode: `lockstep` (round r
 is generated with policy version r; the sampler waits for the whole round) and `async` (the
-generator runs up to --max-ahead versions ahead of its loaded policy; the sampler emits a batch as
-soon as I local and J external groups are pooled). `sapo.swarm.launcher.service_values` maps the
-manifest's `round_mode` onto both services.
+trainer plans rounds up to --max-ahead versions ahead of training; the sampler emits a batch as soon
+as I local and J external groups are pooled, J at most what the other nodes can give under the
+per-source quota). `sapo.swarm.manifest.service_values` maps the manifest's `round_mode` onto the
+sampler and the trainer.
 
 A round here is one policy version: one GRPO step on one batch of I + J groups (in lock-step that is
 exactly one generation round; in async a generation round may feed more or fewer batches than one).

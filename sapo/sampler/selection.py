@@ -2,9 +2,11 @@
 
 I/J policies (`plan`):
 - `fixed`: always I local and J external, as in the paper (its best swarm: 4 local / 4 external).
-- `adaptive`: I + J stays fixed and J moves within [min_external, max_external]. When fewer than I
-  local groups have signal, the free slots go to the swarm (J = I + J - local_available); when the
-  external pool holds fewer than J usable groups, the slots go back to local (J = external_available).
+- `adaptive`: I + J stays fixed and J moves within [min_external, max_external] (a streaming batch
+  goes below min_external when the expected peers cannot give that many: `sapo.sampler.assembler`).
+  When fewer than I local groups have signal, the free slots go to the swarm (J = I + J -
+  local_available); when the external pool holds fewer than J usable groups, the slots go back to
+  local (J = external_available).
   The bounds exist because the paper's 2 local / 6 external run oscillated and forgot: a node must not
   drift into relying on the swarm alone.
 

@@ -113,14 +113,16 @@ class SamplerSettings(ServiceSettings, RoundSettings, LeaseSettings, PeerMetrics
         RoundMode.LOCKSTEP,
         description="lockstep: batch r = own and swarm round-r groups (the paper; needs a swarm that "
         "starts together, or a late node's WARM_START to line its rounds up). deadline: emit with what "
-        "arrived by deadline_s. async: emit once I and J are in.",
+        "arrived by deadline_s. async: emit once I and J are in. Both streaming modes wait for no more "
+        "external groups than expected_peers peers can give under max_per_source.",
     )
     expected_peers: int = Field(
         7,
         ge=0,
         le=100_000,
         description="Peers of the swarm. Lock-step: their round-r groups close round r early; deadline "
-        "and async: a batch waits for no more external groups than they can give under max_per_source.",
+        "and async: a batch waits for no more external groups than they can give under max_per_source "
+        "(0: batches never wait for the swarm).",
     )
     lockstep_timeout_s: float = Field(
         60.0,
@@ -139,7 +141,8 @@ class SamplerSettings(ServiceSettings, RoundSettings, LeaseSettings, PeerMetrics
         30.0,
         gt=0,
         le=86_400,
-        description="Deadline: longest wait for J external groups once I local are in.",
+        description="Deadline: longest wait for J external groups once I local are in (or for as many as "
+        "expected_peers peers can give under max_per_source, when that is fewer).",
     )
 
     # --- trust bounds ---
@@ -316,6 +319,12 @@ class SamplerSettings(ServiceSettings, RoundSettings, LeaseSettings, PeerMetrics
         reachable = self.max_per_source * self.expected_peers
         if self.external_groups <= reachable:
             return None
+        if self.expected_peers == 0:
+            return (
+                f"J = {self.external_groups} external groups per batch, but EXPECTED_PEERS is 0: batches "
+                "never wait for the swarm and may hold no external group; set SAPO_SAMPLER_EXPECTED_PEERS "
+                "to the number of other nodes that publish"
+            )
         needed = -(-self.external_groups // max(self.expected_peers, 1))
         fewer = (
             "smaller batches"

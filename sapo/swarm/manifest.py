@@ -139,7 +139,7 @@ def service_values(
 ) -> dict[str, Any]:
     """The settings one service of a node runs with, as field values: the short keys the manifest
     sets, mapped onto the service's fields, then the node's raw settings of that service on top.
-    `peers` is how many other nodes publish to the swarm (a lock-step sampler waits for them);
+    `peers` is how many other nodes publish to the swarm (what a sampler waits for, in every round mode);
     `profiles` the task profiles the swarm's generators draw from (its sampler accepts their
     configurations, `swarm_profiles`)."""
     values: dict[str, Any] = {}

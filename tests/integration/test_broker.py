@@ -57,7 +57,7 @@ def test_busy_port_fails_clearly_instead_of_reporting_the_old_broker() -> None:
 def test_stop_ends_the_broker_with_sigterm_is_idempotent_and_frees_the_port(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    broker = EmbeddedBroker().start()
+    broker = EmbeddedBroker(stop_grace_s=60.0).start()  # a slow host, not an ignored SIGTERM
     bootstrap, log_path = broker.bootstrap, broker.log_path
     assert log_path is not None and log_path.exists()
     assert Path(f"/proc/{broker.pid}/comm").read_text().strip() == "tansu"

@@ -86,6 +86,17 @@ def test_streaming_waits_for_no_more_external_than_the_expected_peers_give(mode:
     assert (len(batch.local), [e.scored.peer for e in batch.external]) == (6, ["peer-1", "peer-1"])
 
 
+def test_streaming_without_expected_peers_never_waits_for_the_swarm() -> None:
+    feed = Feed(make_assembler(_config(RoundMode.ASYNC, expected_peers=0)))
+    feed.group("local", "node-0", T0)
+    assert feed.assembler.next_batch(T0, 0) is None  # I = 2 local are not in yet
+    for _ in range(2):
+        feed.group("local", "node-0", T0)
+    batch = feed.assembler.next_batch(T0, 0)
+    assert batch is not None
+    assert (len(batch.local), batch.external) == (3, [])
+
+
 def test_streaming_still_waits_when_more_peers_are_expected() -> None:
     feed = Feed(make_assembler(_config(RoundMode.ASYNC, mix=Mix(4, 4), max_per_source=2, expected_peers=3)))
     for _ in range(6):

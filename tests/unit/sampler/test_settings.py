@@ -85,6 +85,9 @@ def test_unreachable_j_is_reported_with_what_to_set() -> None:
     asynchronous = SamplerSettings(node_id="n", external_groups=4, expected_peers=1, round_mode="async")
     message = asynchronous.external_shortfall()
     assert message is not None and "at most 2 external groups, the rest local" in message
+    alone = SamplerSettings(node_id="n", external_groups=4, expected_peers=0, round_mode="async")
+    message = alone.external_shortfall()
+    assert message is not None and "set SAPO_SAMPLER_EXPECTED_PEERS" in message
 
 
 def test_accepted_configs_are_the_profiles_digests_and_the_allow_list(
