@@ -130,7 +130,9 @@ class Swarm:
             [t.policy for t in names],
             [t.rollouts for t in names],
             self.run_dir,
-            group=f"{self.manifest.name}.recorder",
+            # Stable, so a launcher started again on the same swarm resumes its record where it was;
+            # under the topic prefix, so two swarms of one name on a cluster never share the group.
+            group=f"{self.manifest.topic_prefix}.{self.manifest.name}.recorder",
             questions_per_round={
                 n.id: resolve(self.manifest, n, self.checkpoints).sampler.questions_per_round
                 for n in self.manifest.nodes

@@ -99,10 +99,12 @@ def test_three_replicas_share_the_rounds_and_survive_a_sigkill(
         swarm.start()
         generators = [p for p in swarm.processes if p.service == "generator"]
         assert len(generators) == 3
+        _wait(lambda: _versions(swarm, "node-a") >= 1, 240, "round 0 trained")
+        # Read once it runs: right after Popen returns, the new program's environment may not be
+        # mapped yet, and /proc then shows none.
         environ = Path(f"/proc/{generators[0].proc.pid}/environ").read_bytes().split(b"\0")
         tunables = with_malloc_tunable(os.environ)["GLIBC_TUNABLES"]  # huge pages for torch (sapo.malloc)
         assert f"GLIBC_TUNABLES={tunables}".encode() in environ
-        _wait(lambda: _versions(swarm, "node-a") >= 1, 240, "round 0 trained")
         victim = generators[1]
         victim.proc.send_signal(signal.SIGKILL)  # mid-round 1: its items are re-delivered to the others
         victim.proc.wait(timeout=30)
