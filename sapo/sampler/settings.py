@@ -325,7 +325,7 @@ class SamplerSettings(ServiceSettings, RoundSettings, LeaseSettings, PeerMetrics
                 "never wait for the swarm and may hold no external group; set SAPO_SAMPLER_EXPECTED_PEERS "
                 "to the number of other nodes that publish"
             )
-        needed = -(-self.external_groups // max(self.expected_peers, 1))
+        needed = -(-self.external_groups // self.expected_peers)
         fewer = (
             "smaller batches"
             if self.round_mode is RoundMode.LOCKSTEP
