@@ -118,6 +118,11 @@ class Reassembler:
     def pending_bytes(self) -> int:
         return self._pending
 
+    @property
+    def has_open(self) -> bool:
+        """Whether a message is open (a stale one is given up by the next `add`)."""
+        return bool(self._open)
+
     def add(self, record: Record) -> Record | None:
         """The assembled message once `record` completes it, else None (the chunk is held; check
         `take_dropped` for what was given up)."""

@@ -34,7 +34,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from prometheus_client import Gauge
 
-from sapo.kafka.chunks import Incomplete, Reassembler, chunk_of
+from sapo.kafka.chunks import H_CHUNK, Incomplete, Reassembler, chunk_of
 from sapo.kafka.dlq import DeadLetters
 from sapo.kafka.errors import ServiceError
 from sapo.kafka.lag import LagGauge
@@ -402,13 +402,17 @@ class ConsumerLoop:
     def _dispatch(self, record: Record) -> None:
         self._metrics.consumed.inc(self._stream_of(record.topic))
         self.watermarks.seen(record.tp, record.offset)
-        if self._skipped_chunk(record):
-            return
-        assembled = self._reassembler.add(record)
-        for incomplete in self._reassembler.take_dropped():
-            self._drop(incomplete)
-        if assembled is None:
-            return
+        # Most records are whole messages with nothing open to sweep: they skip the reassembly.
+        if H_CHUNK in record.headers or self._reassembler.has_open:
+            if self._skipped_chunk(record):
+                return
+            assembled = self._reassembler.add(record)
+            for incomplete in self._reassembler.take_dropped():
+                self._drop(incomplete)
+            if assembled is None:
+                return
+        else:
+            assembled = record
         reason = self._prefilter(assembled) if self._prefilter is not None else None
         if reason is not None:
             self._metrics.rejected.inc(reason)

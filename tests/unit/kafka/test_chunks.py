@@ -128,3 +128,31 @@ def test_the_consumer_loop_hands_over_whole_messages_and_commits_every_chunk() -
         registry.get_sample_value("sapo_test_messages_rejected_total", {"reason": "incomplete_message"}) == 1
     )
     assert [r.headers["sapo-dlq-reason"] for r in bus.topics["dlq"]] == [b"incomplete_message"]
+
+
+def test_whole_messages_between_the_chunks_of_another_pass_through_the_loop() -> None:
+    bus = MemoryBus()
+    big = os.urandom(25)
+    pieces = split(big, [], 10)
+    bus.append("t", b"a", *pieces[0])
+    bus.append("t", b"b", b"between", [])
+    for value, headers in pieces[1:]:
+        bus.append("t", b"a", value, headers)
+    bus.append("t", b"c", b"after", [])
+    seen: list[bytes] = []
+
+    def handle(record: Record) -> Disposition:
+        seen.append(record.value or b"")
+        return Disposition.DONE
+
+    loop = ConsumerLoop(
+        MemoryConsumerClient(bus, "g"),
+        ["t"],
+        handle,
+        stop=StopFlag(),
+        metrics=TransportMetrics(CollectorRegistry(), "test"),
+        poll_timeout_s=0.0,
+    )
+    assert loop.run(idle_timeout_s=0.0) == 5
+    assert seen == [b"between", big, b"after"]
+    assert bus.committed[("g", ("t", 0))] == 5
