@@ -1,0 +1,80 @@
+"""A two-node async swarm through real processes, with groups that have signal.
+
+Two nodes, so each has one peer, and that peer can give at most `max_per_source` (2) groups to a
+batch of J = 4 external slots. A streaming batch must not wait for the two slots nobody can fill: it
+waits for what the expected peers can give, then fills the rest from local groups
+(`sapo.sampler.assembler`). Before that rule, this swarm trained its first version or two, then
+stalled for good.
+
+Untrained tiny models score 0 everywhere, so their groups have no signal, nothing is pooled, and
+their batches come from the starvation rule instead. The nodes are the warm model of
+`test_contributions`, built once into sapo's cache (~35 s on a 2-core machine).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+
+from sapo.models import warm_model_dir
+from sapo.swarm.history import read_rows
+from sapo.swarm.manifest import parse_manifest
+from sapo.swarm.run import run_swarm
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+ROUNDS = 3
+MODEL = "warm:1:64x2:100"
+PEER = {"node-a": "node-b", "node-b": "node-a"}
+MAX_PER_SOURCE = 2
+CAP_S = 300.0
+"""A stalled swarm never returns: after this long the run is interrupted as by Ctrl-C."""
+
+
+def test_an_async_swarm_of_two_nodes_trains_every_round_on_what_its_peer_can_give(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    warm_model_dir(MODEL)
+    manifest = parse_manifest(
+        {
+            "name": "it-async",
+            "bootstrap": kafka_bootstrap,
+            "topic_prefix": topic_prefix,
+            "defaults": {
+                "model": MODEL,
+                "questions_per_round": 4,
+                "completions_per_question": 4,
+                "local_groups": 2,
+                "external_groups": 4,
+                "round_mode": "async",
+                "rounds": ROUNDS,
+                "max_new_tokens": 16,
+                "learning_rate": 1e-3,
+                "sampler": {"max_per_source": MAX_PER_SOURCE},
+            },
+            "nodes": [{"id": "node-a", "seed": 1}, {"id": "node-b", "seed": 2}],
+        }
+    )
+    out = io.StringIO()
+    timer = threading.Timer(CAP_S, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        code = run_swarm(manifest, tmp_path, refresh_s=0.5, out=out)
+    finally:
+        timer.cancel()
+    assert code == 0, f"the swarm did not finish within {CAP_S:.0f} s (exit {code}):\n{out.getvalue()}"
+
+    for node, peer in PEER.items():
+        steps = read_rows(tmp_path / "steps" / f"{node}.jsonl")
+        assert [s["version"] for s in steps] == list(range(1, ROUNDS + 1))
+        from_peer = []
+        for step in steps:
+            groups = {c["node"]: c["groups"] for c in step["contributions"]}
+            assert set(groups) <= {node, peer}
+            assert groups.get(peer, 0) <= MAX_PER_SOURCE
+            from_peer.append(groups.get(peer, 0))
+        assert any(from_peer), f"{node} trained on none of {peer}'s groups: {from_peer}"
