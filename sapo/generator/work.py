@@ -73,9 +73,16 @@ class Pacing:
         return max(0, round_ - self.max_ahead), None
 
     def last_round(self, version: int) -> int:
-        """The last round that may start once `version` exists (-1: none, the round limit is reached)."""
-        last = version + (self.max_ahead if self.mode is PacingMode.ASYNC else 0)
-        return min(last, self.rounds - 1) if self.rounds else last
+        """The last round that may start once `version` exists.
+
+        Lock-step: round r = batch r, so rounds stop at `rounds - 1`. Async: a batch takes local
+        groups as they come, and one can take more than a round's worth (external slots nobody can
+        fill are filled from local), so a run's last batches could find every generated round used
+        up. Each version below `rounds` therefore lets one more round start, up to `max_ahead` past
+        the last trained one: the batch that trains version `rounds` always has a fresh round."""
+        if self.mode is PacingMode.LOCKSTEP:
+            return min(version, self.rounds - 1) if self.rounds else version
+        return (min(version, self.rounds - 1) if self.rounds else version) + self.max_ahead
 
     def finished(self, round_: int) -> bool:
         return bool(self.rounds) and round_ >= self.rounds
@@ -96,7 +103,8 @@ class PacingSettings(BaseModel):
         0,
         ge=0,
         le=10**9,
-        description="Rounds of the run: no round at or after this one is planned; 0 = forever.",
+        description="Rounds of the run (0 = forever): the trainer's versions 1..rounds. Lock-step plans "
+        "rounds 0..rounds-1; async up to max_ahead more, so that the last batches find fresh local groups.",
     )
 
     @model_validator(mode="after")

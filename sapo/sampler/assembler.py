@@ -13,7 +13,10 @@
   refused ("future_round"), groups of closed rounds too ("late_round").
 - `deadline`: due when I local groups are pooled and J external ones, or `deadline_s` after the I
   local groups were there; missing external slots are then filled from local.
-- `async`: due whenever I local and J external groups are pooled.
+- `async`: due whenever I local and J external groups are pooled, or `async_timeout_s` after the I
+  local groups were there (missing external slots filled from local, as in `deadline`): a generous
+  bound, there so that peers that stopped publishing (a bounded run's peers that finished, nodes that
+  left) cannot stall the node for good.
 - Both streaming modes wait for no more external groups than `expected_peers` peers can give one
   batch under `max_per_source`: with the pool holding that many, the batch is due and its missing
   external slots are filled from local. A swarm with fewer peers than J / max_per_source would
@@ -85,6 +88,7 @@ class AssemblyConfig:
     lockstep_timeout_s: float
     lockstep_local_timeout_s: float
     deadline_s: float
+    async_timeout_s: float
     seed: int
 
 
@@ -207,9 +211,10 @@ class Assembler(ABC, Generic[H]):
 
 
 class StreamingAssembler(Assembler[H]):
-    """`deadline` (deadline_s set) and `async` (deadline_s None)."""
+    """`deadline` and `async`: the same rule, with the wait for the swarm bounded by `deadline_s` or
+    by `async_timeout_s`."""
 
-    def __init__(self, cfg: AssemblyConfig, deadline_s: float | None, verify: Verify | None) -> None:
+    def __init__(self, cfg: AssemblyConfig, deadline_s: float, verify: Verify | None) -> None:
         super().__init__(cfg, verify)
         self._deadline_s = deadline_s
         self._local_ready_s: float | None = None
@@ -253,7 +258,7 @@ class StreamingAssembler(Assembler[H]):
         if self._local_ready_s is None:
             self._local_ready_s = now_s
         if external_n < n_external:
-            waiting = self._deadline_s is None or now_s - self._local_ready_s < self._deadline_s
+            waiting = now_s - self._local_ready_s < self._deadline_s
             if waiting and external_n < self._reachable_external():
                 return None
             n_external = external_n
@@ -408,4 +413,4 @@ def make_assembler(cfg: AssemblyConfig, next_round: int = 0, verify: Verify | No
         return LockstepAssembler(cfg, next_round, verify)
     if cfg.mode is RoundMode.DEADLINE:
         return StreamingAssembler(cfg, cfg.deadline_s, verify)
-    return StreamingAssembler(cfg, None, verify)
+    return StreamingAssembler(cfg, cfg.async_timeout_s, verify)

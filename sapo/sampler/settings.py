@@ -113,8 +113,9 @@ class SamplerSettings(ServiceSettings, RoundSettings, LeaseSettings, PeerMetrics
         RoundMode.LOCKSTEP,
         description="lockstep: batch r = own and swarm round-r groups (the paper; needs a swarm that "
         "starts together, or a late node's WARM_START to line its rounds up). deadline: emit with what "
-        "arrived by deadline_s. async: emit once I and J are in. Both streaming modes wait for no more "
-        "external groups than expected_peers peers can give under max_per_source.",
+        "arrived by deadline_s. async: emit once I and J are in (waiting at most async_timeout_s for "
+        "J). Both streaming modes wait for no more external groups than expected_peers peers can give "
+        "under max_per_source.",
     )
     expected_peers: int = Field(
         7,
@@ -143,6 +144,14 @@ class SamplerSettings(ServiceSettings, RoundSettings, LeaseSettings, PeerMetrics
         le=86_400,
         description="Deadline: longest wait for J external groups once I local are in (or for as many as "
         "expected_peers peers can give under max_per_source, when that is fewer).",
+    )
+    async_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        le=86_400,
+        description="Async: longest wait for J external groups once I local are in (or for as many as "
+        "expected_peers peers can give under max_per_source); then the batch goes with what arrived, the "
+        "rest local, so peers that stopped publishing (finished, gone) never stall the node.",
     )
 
     # --- trust bounds ---
@@ -357,6 +366,7 @@ class SamplerSettings(ServiceSettings, RoundSettings, LeaseSettings, PeerMetrics
             lockstep_timeout_s=self.lockstep_timeout_s,
             lockstep_local_timeout_s=self.lockstep_local_timeout_s,
             deadline_s=self.deadline_s,
+            async_timeout_s=self.async_timeout_s,
             seed=self.seed,
         )
 

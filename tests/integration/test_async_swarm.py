@@ -9,6 +9,11 @@ stalled for good.
 Untrained tiny models score 0 everywhere, so their groups have no signal, nothing is pooled, and
 their batches come from the starvation rule instead. The nodes are the warm model of
 `test_contributions`, built once into sapo's cache (~35 s on a 2-core machine).
+
+A bounded async run also needs local groups for its last batches: a batch that fills external slots
+from local uses more than a round's worth, so the trainer plans up to `max_ahead` rounds past the
+run's last version (`sapo.generator.work.Pacing.last_round`). Before that, one run in four or five
+of this test left a node one version short, waiting for a round nobody would generate.
 """
 
 from __future__ import annotations
@@ -54,7 +59,9 @@ def test_an_async_swarm_of_two_nodes_trains_every_round_on_what_its_peer_can_giv
                 "rounds": ROUNDS,
                 "max_new_tokens": 16,
                 "learning_rate": 1e-3,
-                "sampler": {"max_per_source": MAX_PER_SOURCE},
+                # Longer than CAP_S: a batch that waited for groups nobody can send fails the test
+                # instead of going after the timeout that bounds such waits in a deployment.
+                "sampler": {"max_per_source": MAX_PER_SOURCE, "async_timeout_s": 2 * CAP_S},
             },
             "nodes": [{"id": "node-a", "seed": 1}, {"id": "node-b", "seed": 2}],
         }
@@ -70,7 +77,8 @@ def test_an_async_swarm_of_two_nodes_trains_every_round_on_what_its_peer_can_giv
 
     for node, peer in PEER.items():
         steps = read_rows(tmp_path / "steps" / f"{node}.jsonl")
-        assert [s["version"] for s in steps] == list(range(1, ROUNDS + 1))
+        # A node that reached its target trains on while its peer catches up: at least ROUNDS versions.
+        assert [s["version"] for s in steps] == list(range(1, len(steps) + 1)) and len(steps) >= ROUNDS
         from_peer = []
         for step in steps:
             groups = {c["node"]: c["groups"] for c in step["contributions"]}

@@ -30,9 +30,17 @@ def test_rounds_planned_per_version_from_where_a_trainer_starts() -> None:
     ]  # a trainer resumed at version 7: rounds below were trained
     assert list(plan_rounds(0, 0, ASYNC)) == [0, 1, 2]
     assert list(plan_rounds(1, 3, ASYNC)) == [3]
-    limited = Pacing(PacingMode.ASYNC, 2, rounds=3)
-    assert list(plan_rounds(1, 3, limited)) == []
     assert list(plan_rounds(5, 5, Pacing(PacingMode.LOCKSTEP, 0, rounds=5))) == []
+
+
+def test_an_async_run_keeps_a_fresh_round_ahead_of_every_version_it_still_trains() -> None:
+    """One batch may use more than a round's local groups, so the batch of the last version (3 here)
+    must not depend on rounds 0..2 alone: each version below 3 lets one more round start."""
+    limited = Pacing(PacingMode.ASYNC, 2, rounds=3)
+    assert list(plan_rounds(0, 0, limited)) == [0, 1, 2]
+    assert list(plan_rounds(1, 3, limited)) == [3]
+    assert list(plan_rounds(2, 4, limited)) == [4]
+    assert list(plan_rounds(3, 5, limited)) == []  # version 3 is the run's last: nothing more to feed
 
 
 def test_items_are_the_rounds_questions_in_stream_order() -> None:

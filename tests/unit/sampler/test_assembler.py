@@ -29,6 +29,7 @@ def _config(mode: RoundMode, **overrides: object) -> AssemblyConfig:
         "lockstep_timeout_s": 10.0,
         "lockstep_local_timeout_s": 100.0,
         "deadline_s": 5.0,
+        "async_timeout_s": 60.0,
     }
     return assembly_config(**(base | overrides))
 
@@ -97,13 +98,19 @@ def test_streaming_without_expected_peers_never_waits_for_the_swarm() -> None:
     assert (len(batch.local), batch.external) == (3, [])
 
 
-def test_streaming_still_waits_when_more_peers_are_expected() -> None:
+def test_async_waits_for_more_expected_peers_until_its_timeout() -> None:
+    """Two more peers could give 4: the batch waits for them, but not for ever (peers that stopped
+    publishing, such as a bounded run's peers that finished first, cannot stall it)."""
     feed = Feed(make_assembler(_config(RoundMode.ASYNC, mix=Mix(4, 4), max_per_source=2, expected_peers=3)))
     for _ in range(6):
         feed.group("local", "node-0", T0)
     for _ in range(4):
         feed.group("external", "peer-1", T0)
-    assert feed.assembler.next_batch(T0 + 100, 0) is None  # 2 usable; two more peers could give 4
+    assert feed.assembler.next_batch(T0, 0) is None  # 2 usable; I local are in: the wait starts now
+    assert feed.assembler.next_batch(T0 + 59.9, 0) is None
+    batch = feed.assembler.next_batch(T0 + 60, 0)
+    assert batch is not None
+    assert (len(batch.local), [e.scored.peer for e in batch.external]) == (6, ["peer-1", "peer-1"])
 
 
 def test_deadline_fills_missing_external_slots_from_local() -> None:
