@@ -27,49 +27,13 @@ their behaviour log-probs are from the fp32 policy's on the tokens they sampled 
 the importance weights the trainer applies: the price of the speed. Targets: >= 1.5x the baseline's
 tokens/s (speed) and a mean |log pi - log mu| <= 0.1 nats per sampled token (fidelity: a copy further
 away than that is a different policy, and the trainer's truncated importance weights then carry most
-of the correction).
-
-Measured on the 2-core dev machine (4 prompts x 4 samples x 32 new tokens, the `make swarm` example's
-shape; three experiment processes on the cores, load average ~5; medians of 2):
-
-- reading each prompt once: **2.74x** the tokens/s of `prompt-per-row` (kept: the default). With
-  short completions the prompt pass is most of the work, and a batch's prompts are left-padded to
-  the longest, so reading them L times multiplied the largest cost by L.
-- reading each prompt alone, unpadded (the 354-token prompt no longer pads three ~90-token ones),
-  and computing the output layer for its last position only: 1.15x more (median of 6 interleaved
-  calls each, one process, load average ~4: 11.36 s -> 9.85 s per batch); a later run of this script
-  under the same load: 2.22x `prompt-per-row`.
-- seeded batches (every generator batch) taking the one-hot token `_RowSampler` chose by maximum
-  instead of `generate`'s own softmax + multinomial over the 49k vocabulary: 1.15x more (median of
-  6 interleaved calls each, idle machine: 8.60 s -> 7.50 s per batch), the same tokens.
-- room reserved in the shared prompt cache (`ReservedLayer`, the default since; `concat-cache` is
-  what ran before): **1.49x** at the 135M swarm's shape (`--questions 8 --samples 8 --max-new-tokens
-  24`, the other variants left out; idle machine: 22.90 -> 15.32 s per batch), the same tokens and
-  log-probs. A py-spy profile of the 135M services round had shown `DynamicLayer.update`'s two
-  `torch.cat` lines taking as long as every linear layer together: each decode step copied the
-  cache of all 64 rows (up to 387 + 24 positions, 30 layers: ~1.2 GB). What is left of a batch:
-  the linear layers ~60%, attention ~35% (SDPA reads every row's cache each step, the prompt part
-  8 times over as the L rows of a prompt hold copies of it).
-- the backend's own decode loop for seeded batches (`sapo.backends.hf._decode`, the default since;
-  `generate-decode` is what ran before), with the two-level seeded draw in both: 1.04x (idle machine,
-  4 x 4 x 32, medians of 3: 14.98 -> 14.47 s per batch), the same tokens. The 49k-vocabulary passes
-  it saves (a copy of the logits, one-hot scores, their maximum) are a small part of a 135M step; for
-  the warm tiny model at 8 x 8 x 32 the call took 0.75x the CPU (`docs/models.md`).
-- `bf16`: 1.13x, 0.027 nats per token from the policy (0.8% of tokens with pi/mu outside [0.8,
-  1.28]): fidelity PASS, speed FAIL at this shape (a 16 x 250-token forward pass alone was 1.9x
-  faster in bf16 on this AVX512-BF16 CPU; the decode steps' per-step overhead does not shrink).
-  Kept as an option, off by default: on AVX2-only CPUs bf16 is several times slower than fp32.
-- `int8-dynamic`: 1.88x, but 0.82 nats per token from the policy, 67% of the tokens with pi/mu
-  outside [0.8, 1.28]: speed PASS, fidelity FAIL. Per-channel weight scales (0.73 nats), keeping the
-  49k-vocabulary output layer in fp32 (0.86 nats, and only 1.6x) did not close the gap: int8
-  activations of this model lose too much. So quantized rollouts stay an opt-in
-  (`SAPO_GENERATOR_QUANTIZATION`) for throughput-bound runs, off by default and off in `make swarm`.
-- Earlier runs with short 45-token prompts (before the prompt was shared): eager attention 1.00x (no
-  gain), two threads 0.81x (the second core was busy), int8-dynamic 3.72x. Tried once outside this
-  script: torchao 0.18's `Int8DynamicActivationInt8WeightConfig` and `Int8WeightOnlyConfig` ran at
-  1.0-1.1x without `torch.compile` (compiling costs more than a short run's sampling).
+of the correction). The PASS/FAIL lines are `int8-dynamic`'s and `bf16`'s, one per target; for the
+variants that are what ran before (`prompt-per-row`, `concat-cache`, `generate-decode`) it prints how
+many times their tokens/s the baseline reads, and whether `generate-decode` drew the same tokens.
 
     .venv/bin/python bench/bench_cpu_generation.py [--rounds 3] [--questions 4] [--samples 4]
+
+What each variant read, and which became the default: docs/benchmarks.md.
 """
 
 from __future__ import annotations

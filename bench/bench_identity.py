@@ -14,15 +14,9 @@ key. Passes alternate so machine noise hits every path alike; medians of `--roun
 Target: one core verifies at least 800 groups/s, the load of a 1,000-node swarm at the paper's 8
 groups per node and round with 10 s rounds (a fast GPU swarm; CPU rounds take tens of seconds).
 
-Last runs (2-core dev machine, load ~5-7 from other jobs; defaults, two runs): one verification
-240-310 us (3,200-4,200 groups/s: PASS, ~4x the target), signing 90-150 us per group. Verification
-dominates the cheapest arrival path: signed / unsigned lazy arrival 6-7x for 2.3 KiB groups
-(47-61 -> 329-363 us), 2.5x for 22 KiB paper-size ones (220-226 -> 539-568 us); the Ed25519 check
-is a fixed cost, the SHA-256 of the payload grows with it. Eager verification (re-derivation and
-re-scoring, 0.2-0.9 ms per group) is of the same order, so a verifying sampler still reads a
-1,000-node paper-rate swarm with one core to spare.
-
     .venv/bin/python bench/bench_identity.py [--nodes 100] [--groups-per-node 10] [--rounds 5]
+
+What it read: docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -17,23 +17,9 @@ Two consumer timings run in turn, the second's CPU compared with the first's (th
 `local` (50 ms fetch waits, 500 ms for the watchers: the tests' profile) and `local_swarm` (500 ms
 and 1.5 s: what `sapo swarm` gives a swarm on the embedded broker).
 
-On the idle 2-core machine (one run; the services' CPU from /proc over 30 s, % of a CPU):
-
-| consumer timing | all | broker | samplers | generators | trainers | launcher | wake-ups/s |
-|---|---|---|---|---|---|---|---|
-| `local` (50 ms) | 15.60 | 11.13 | 2.13 | 1.30 | 0.93 | 0.10 | 3,516 |
-| `local_swarm` (500 ms) | 5.91 | 3.43 | 1.23 | 0.60 | 0.57 | 0.08 | 1,183 |
-
-local_swarm / local 0.379; FAIL: 5.91% at rest, 1.18 x the 5% budget. An earlier run of the same swarm
-by hand read 7.46% (broker 4.50). So the 5% target is out of reach with this broker and these 33
-consumers whatever the pipeline does with its records: its at-rest floor is ~6% of a round already.
-Where the wake-ups go with `local_swarm`: the broker's tokio workers ~700/s (the consumers' fetches,
-heartbeats and each fetch's timed re-reads); librdkafka's threads, 30-60/s for each thread name over
-the four processes of a kind (a client's main thread and its internal broker thread each wake ~3
-times a second, and a process has 3-5 clients); the services' own Python threads, 7-12/s a process
-(the sampler's idle pause backs off to 100 ms).
-
     .venv/bin/python bench/bench_idle.py [--rounds 2] [--settle-s 5] [--window-s 30] [--cpus 1]
+
+What it read, per process kind, and where the wake-ups go: docs/benchmarks.md.
 """
 
 from __future__ import annotations

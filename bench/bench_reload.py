@@ -13,10 +13,8 @@ explicit credentials through AWS_* variables).
 
 Why the work: an idle generator blocks on its work topic, not the policy topic (`sapo.node.generator`:
 in lock-step the trainer announces a version, then plans the round that needs it), so a version that no
-work follows is loaded at the generator's next wake-up (up to 0.5 s), when nothing waits on it. Without
-the work this bench timed that wake-up: 1.96x and 1.55x a bare load for 1 and 2 replicas, where the
-load path itself took 0.07-0.08 s. With the work, the same day: 0.95x and 1.00x (PASS); s3 (moto) 1.09x
-and 1.19x a bare download.
+work follows is loaded at the generator's next wake-up (up to 0.5 s), when nothing waits on it: without
+the work this bench would time that wake-up rather than the load.
 
 Baselines in the same run, page cache warm: a bare `safetensors.torch.load_file` of the same weights
 from one local file + `load_state_dict` into a copy of the model (the target: publish -> swapped within
@@ -25,6 +23,8 @@ from one local file + `load_state_dict` into a copy of the model (the target: pu
 takes ~18x a local load, so only the second comparison says what the store code adds.
 
     .venv/bin/python bench/bench_reload.py [--repeats 5] [--stores file,s3] [--replicas 2]
+
+What it read, with and without the work: docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ time * 3600. Start-up (model load, group joins) is outside the window. Each repl
 one round's worth of items per backend call (max_batch_items = B), so both configurations run
 calls of B x L sequences; items, seeds and group ids are functions of (node, round, position), so
 both generate the same groups: the completion tokens printed per run match up to the floating-point
-differences of another batch composition (1,244 or 1,256 tokens in the last run). Distinct
+differences of another batch composition. Distinct
 (round, position) pairs, records read and group ids per pair show that no item was sampled twice.
 Each replica's CPU seconds over the window / the window is printed as "busy": near 100% means nothing
 else (the broker, this process, other jobs on the machine) took its core.
@@ -28,12 +28,10 @@ replica and the broker are stopped (SIGTERM, then SIGKILL) whatever happens.
 
 Target: rounds/h with 2 replicas >= 1.7 x rounds/h with 1.
 
-Last run (defaults, 2-core AVX-512 machine, other jobs mostly idle): 1 replica 37 rounds/h (192-207 s
-for 2 rounds: two backend calls of ~100 s, busy 100%), 2 replicas 67 rounds/h (106-108 s: one call
-each, busy 92-97%), medians of 3: 1.81x, PASS. Why not 2x: the later replica sets the end (calls of
-~104 and ~110 s), and the unpinned broker (~5% of a core) and this process's reader run on the
-replicas' cores, where the 1-replica baseline leaves them a free core. A run while other jobs held a
-core gave 2.14x (its first 1-replica run was busy 72%): read the busy column before the ratio.
+Even on an idle machine 2x is out of reach: the later replica sets the end, and the unpinned broker
+and this process's reader run on the replicas' cores, where the 1-replica baseline leaves them a free
+core. Other jobs that hold a core slow the 1-replica runs and inflate the ratio: read the busy column
+before the ratio.
 
     .venv/bin/python bench/bench_replicas.py [--model bundled:smollm2-135m-instruct] [--rounds 2] \\
         [--questions 8] [--completions 8] [--max-new-tokens 24] [--repeats 3]
@@ -41,6 +39,8 @@ core gave 2.14x (its first 1-replica run was busy 72%): read the busy column bef
 Quick check of the script itself (a random tiny model, seconds per run):
 
     .venv/bin/python bench/bench_replicas.py --model tiny:0 --rounds 2 --repeats 1
+
+What it read: docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -21,21 +21,13 @@ counts), so a stalled swarm ends the benchmark instead of hanging it.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_rounds.py [--model warm:0] [--nodes 4] [--rounds 10]
 
-Measured on the idle 2-core machine, one repeat each (rounds/h, lock-step / async):
-- 4 nodes (the default): 1776 / 1940, 1.09x, FAIL. Four nodes' generation calls and steps keep both
-  cores busy in lock-step too (the compute gate has a slot per core), so async has little idle time
-  to fill: generation alone 1.04x.
-- 2 nodes (`--nodes 2`): 3178 / 6253, 1.97x, PASS (generation alone 1.63x; 13 versions trained from
-  10 generated rounds: async uses every local group with signal, I at a time). Before the streaming
-  modes stopped waiting for more external groups than the expected peers can give
-  (`sapo.sampler.assembler`), this async run stalled after its first two rounds: one peer at
-  max_per_source 2 can never fill J = 4.
-
 Target: async / lock-step >= 1.3. A quick check of the script itself (a random tiny model has no
 reward signal: its batches are empty, but versions still advance in both modes):
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_rounds.py --model tiny:0 --nodes 2 --rounds 2 \
         --max-seconds 60
+
+What it read at 4 and 2 nodes: docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -32,46 +32,12 @@ sampler container). The pool is full after the first seconds, so what still grow
 bounded by its capacity: the run also prints RSS growth per consumed group after the first round,
 extrapolated to the capacity (the ceiling at these settings).
 
-Every child process is stopped in `finally`; `--max-seconds` bounds the whole run.
-
-Last runs (2-core machine shared with other jobs, load average 2-6; defaults: 120,000 groups of
-2.4 KB built and signed in 70-120 s, a ~1-minute unsigned and a ~3-minute signed phase, 5.5-6
-minutes in all): PASS twice. At 800 groups/s the sampler used ~0.5 core, consumed 757-797
-groups/s and had read everything 0.5-8 s after the last send (95.6-100% by the end of the last
-round); the backlog stayed under ~1,000 groups in the quieter run and reached ~6,700 in rounds where
-other jobs left it 0.2-0.3 core, then drained. Rejected: pool_full ~100,000 and evicted ~12,500
-(the fair-share pool of 4,096 places for 1,000 peers, `sapo.sampler.fairness`), no_signal 3,451
-(groups whose rewards are all equal); nothing else. Peak RSS 522-541 MiB: ~450 MiB when ready (the
-imports alone, torch and transformers among them, take 441 MiB), ~513 MiB once the pool is full
-(round 0), then ~60 B per consumed group (the dedupe set) -> ~525 MiB at its 200,000 ids, the
-ceiling at these settings; a backlog adds the messages librdkafka has fetched but the loop has not
-read yet. CPU per group 0.67 ms signed vs 0.49-0.50 ms unsigned (1.34-1.36 x: the Ed25519 check on
-top of eager verification). With `--round-s 5` (1,600 groups/s) the sampler ran at 0.8-1.0 core,
-consumed ~1,425 groups/s and fell behind (86.7% by the end of the last round, FAIL; RSS 568 MiB with
-a 16,000-group backlog): by that rate, ~6 s rounds are where one sampler stops keeping up with
-1,000 nodes on this machine (not measured at 6 s). With `--verify lazy` (swarm groups screened on
-their facts header, decoded only when picked): PASS, 795 groups/s consumed, caught up 1.0 s after
-the last send, peak RSS 484 MiB, CPU per group 0.47 ms signed vs 0.21 ms unsigned (2.25 x: the
-Ed25519 check of every record is then most of an arrival's cost).
-
-10,000 nodes at the paper's rate (`--nodes 10000 --rounds 2 --baseline-rounds 2 --verify lazy`: 7,997
-groups/s offered; 160,000 groups built and signed in 194 s), after the sampler began counting each
-record once (`sapo.node.sampler.Accounting`) and reading a burst of swarm records per step
-(`SWARM_BURST`), on a slow day of the host: unsigned (identity off), 0.08 ms of CPU per group and
-caught up, so one sampler keeps up with 10,000 nodes at ~0.65 core; signed, 0.26 ms per group (3.33
-x), ~3,500 groups/s consumed on ~0.85 core: FAIL, 34.6% consumed by the end of the last round, caught
-up 25.7 s later. 70% of the 10,000-node arrivals were refused a place by the fair-share pool
-(`pool_full`), each after its signature was checked. Peak RSS 312 MiB. Then the sampler began refusing
-those before anything else (`SamplerCore.sheds`): signed 0.11 ms of CPU per group (2.4 x less),
-unsigned 0.07; ~7,000 groups/s consumed on ~0.75 core (the publisher and the broker share the two
-cores), 69.7% by the end of the last round and all of it 2.7 s after the last send: FAIL by the 95%
-criterion, just. Peak RSS 295 MiB. Then the per-record counters became plain numbers read at scrape
-time (`sapo.kafka.metrics.LoopCounter`), a due batch was looked for only after a record joined the
-pool, and the consumer loop stored finished positions at most every 0.1 s: signed 0.08 ms of CPU per
-group, unsigned 0.05; 7,780 groups/s consumed, 97.4% by the end of the last round, caught up 0.5 s
-after the last send (the backlog peaked at ~20,700 groups within the rounds): PASS. Peak RSS 266 MiB.
+Every child process is stopped in `finally`; `--max-seconds` bounds the whole run. At the defaults a
+run takes about 6 minutes on two cores, building and signing the groups included.
 
     .venv/bin/python bench/bench_swarm_load.py [--nodes 1000] [--round-s 10] [--rounds 15]
+
+What it read, at 1,000 and 10,000 nodes, as the sampler changed: docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -11,45 +11,13 @@ same model and AdamW (one copy in memory: the lr is tiny, and the work per step 
 weights). The three rotate so machine noise hits all; the ratios bare/ours (target >= 0.95) and
 unshared/ours (target: half of the matmul work sharing saves, `expected_speedup`) are printed with
 PASS/FAIL on the ratio of minimums.
-
-Measured on a 2-core CPU shared with other jobs (load 1.2-3.3), OMP_NUM_THREADS=1, fp32, 4 groups x 4
-completions of the easy profile's first questions (prompts 94, 86, 354, 86 tokens):
-
-- The `make swarm` shape, 135M (`--tokens 32 --min-tokens 8 --micro-batch-tokens 1024 --repeats 3`,
-  352 completion tokens; 2832 tokens through the model unshared, 972 shared): ours 10.8 s, unshared
-  24.9 s, bare 25.0 s (minimums): unshared/ours 2.30 (target 1.87) PASS, bare/ours 2.30 PASS.
-- 135M, 64-token completions (`--repeats 3`, budget 4096): ours 24.8 s, unshared 39.9 s, bare 38.7 s:
-  unshared/ours 1.60 (target 1.49) PASS, bare/ours 1.56 PASS.
-- tiny:0 (`--model tiny:0 --repeats 5`): the 49k-vocabulary projection of every completion token is
-  nearly all of its work and sharing does not reduce it (1.04x less matmul work): unshared/ours 1.10
-  (target 1.02) PASS; bare/ours 1.09 of medians but 0.81 of minimums (FAIL) on one 0.72 s bare run
-  beside four of 0.93-1.06 s. On an idle machine (`--repeats 7`): ours 0.929 s, unshared 1.014 s,
-  bare 0.942 s (minimums): bare/ours 1.014 of minimums, 0.952 of medians, PASS; unshared/ours 1.09
-  PASS.
-
-The bench now restarts itself with the allocator setting the trainer service runs with
-(`sapo.malloc`): without it, every path of the tiny model's step took 1.3-1.4 s here, and with it
-0.85-0.95 s. Then each row's log-probs and entropy became one autograd function
-(`sapo.grpo.logprobs._ScoredRow`): the entropy's probabilities are reused by the backward pass, and a
-row's right padding is no longer scored. The code before and after, run in turn on the idle machine
-(`--model tiny:0 --repeats 7`, medians, s):
-
-- 64-token completions: ours 1.165 / 1.385 / 1.072 before, 0.905 / 1.080 / 0.977 after; bare/ours
-  0.954 / 0.933 / 0.914 of minimums before (PASS / FAIL / FAIL), 1.109 / 1.091 / 1.105 after (PASS).
-- The `make swarm` shape (`--tokens 32 --min-tokens 8 --micro-batch-tokens 1024`): ours 0.510 before,
-  0.378 after; bare/ours 1.035 -> 1.097 of minimums, 0.954 -> 1.125 of medians.
-- 135M, 64-token completions (`--repeats 3`, after): ours 23.1 s, unshared 40.1 s, bare 42.8 s
-  (minimums): bare/ours 1.854 PASS, unshared/ours 1.739 PASS.
-- 135M, the `make swarm` shape (`--repeats 3`), before then after: ours 15.87 -> 15.48 s (medians;
-  the transformer's layers are most of this model's step), bare/ours 2.424 -> 2.279 of minimums
-  (the bare runs moved 37.9 -> 35.1 s between the two runs), PASS.
-- bench_pipeline.py's shape (`--model warm:0 --groups 8 --completions 8 --tokens 8 --min-tokens 3
-  --repeats 7`, 64 rows of 3-8 tokens), twice in turn: ours 0.659 / 0.647 before, 0.699 / 0.636 after
-  (medians): no change beyond noise, a few scored positions a row being little of that step; bare/ours
-  1.34-1.42, PASS.
+It restarts itself with the allocator setting the trainer service runs with (`sapo.malloc`), so that
+every path allocates as the service does.
 
 usage: python bench/bench_trainer.py [--model tiny:0] [--groups 4] [--completions 4] [--tokens 64]
     [--min-tokens 8] [--micro-batch-tokens 1024] [--precision fp32] [--repeats 5]
+
+What it read on the tiny and the bundled 135M model, at each shape: docs/benchmarks.md.
 """
 
 from __future__ import annotations
