@@ -82,9 +82,13 @@ class Pacing:
         the last trained one: the batch that trains version `rounds` always has a fresh round."""
         if self.mode is PacingMode.LOCKSTEP:
             return min(version, self.rounds - 1) if self.rounds else version
-        return (min(version, self.rounds - 1) if self.rounds else version) + self.max_ahead
+        if self.rounds and version >= self.rounds:
+            return -1  # the run's versions are trained (a trainer restarted at the end plans nothing)
+        return version + self.max_ahead
 
     def finished(self, round_: int) -> bool:
+        """Whether lock-step round `round_` is past the run (the in-process runner's rounds; an async
+        run plans up to `max_ahead` rounds more: `last_round`)."""
         return bool(self.rounds) and round_ >= self.rounds
 
 
@@ -103,8 +107,10 @@ class PacingSettings(BaseModel):
         0,
         ge=0,
         le=10**9,
-        description="Rounds of the run (0 = forever): the trainer's versions 1..rounds. Lock-step plans "
-        "rounds 0..rounds-1; async up to max_ahead more, so that the last batches find fresh local groups.",
+        description="Rounds of the run (0 = forever): lock-step plans rounds 0..rounds-1; async plans "
+        "rounds while the trainer is below version `rounds`, up to max_ahead past its version, so that the "
+        "last batches find fresh local groups. Training is not stopped at a version: the swarm launcher "
+        "stops a run once every node trained `rounds` versions.",
     )
 
     @model_validator(mode="after")

@@ -259,8 +259,17 @@ class StreamingAssembler(Assembler[H]):
             self._local_ready_s = now_s
         if external_n < n_external:
             waiting = now_s - self._local_ready_s < self._deadline_s
-            if waiting and external_n < self._reachable_external():
+            reachable = self._reachable_external()
+            if waiting and external_n < reachable:
                 return None
+            if not waiting and external_n < reachable and self.cfg.mode is RoundMode.ASYNC:
+                log.warning(
+                    "async: %d of %d external groups in %.0f s (async_timeout_s); the batch goes with "
+                    "them, the rest local: the swarm gives fewer than expected_peers can",
+                    external_n,
+                    min(n_external, reachable),
+                    self._deadline_s,
+                )
             n_external = external_n
             n_local = min(local_n, mix.total - n_external)
         if n_local + n_external == 0 and not starved:

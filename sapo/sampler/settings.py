@@ -146,12 +146,13 @@ class SamplerSettings(ServiceSettings, RoundSettings, LeaseSettings, PeerMetrics
         "expected_peers peers can give under max_per_source, when that is fewer).",
     )
     async_timeout_s: float = Field(
-        60.0,
+        600.0,
         gt=0,
         le=86_400,
         description="Async: longest wait for J external groups once I local are in (or for as many as "
         "expected_peers peers can give under max_per_source); then the batch goes with what arrived, the "
-        "rest local, so peers that stopped publishing (finished, gone) never stall the node.",
+        "rest local, with a warning, so peers that stopped publishing (finished, gone) never stall the node. "
+        "Long enough for slow peers' rounds.",
     )
 
     # --- trust bounds ---

@@ -41,6 +41,7 @@ def test_an_async_run_keeps_a_fresh_round_ahead_of_every_version_it_still_trains
     assert list(plan_rounds(1, 3, limited)) == [3]
     assert list(plan_rounds(2, 4, limited)) == [4]
     assert list(plan_rounds(3, 5, limited)) == []  # version 3 is the run's last: nothing more to feed
+    assert list(plan_rounds(3, 3, limited)) == []  # nor for a trainer restarted there
 
 
 def test_items_are_the_rounds_questions_in_stream_order() -> None:

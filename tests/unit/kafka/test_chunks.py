@@ -95,6 +95,32 @@ def test_a_forged_chunk_header_is_given_up() -> None:
     assert [d.reason for d in reassembler.take_dropped()] == ["bad_chunk_header"]
 
 
+class Collecting:
+    """A consumer loop over topic "t" of `bus` that keeps every message it is handed, with dead
+    letters on "dlq" and its transport metrics in `registry`."""
+
+    def __init__(self, bus: MemoryBus, publisher: MemoryPublisher) -> None:
+        self.seen: list[Record] = []
+        self.registry = CollectorRegistry()
+        transport = TransportMetrics(self.registry, "test")
+        self.loop = ConsumerLoop(
+            MemoryConsumerClient(bus, "g"),
+            ["t"],
+            self._handle,
+            stop=StopFlag(),
+            metrics=transport,
+            dead_letters=DeadLetters(publisher, "dlq", "test", transport),
+            poll_timeout_s=0.0,
+        )
+
+    def _handle(self, record: Record) -> Disposition:
+        self.seen.append(record)
+        return Disposition.DONE
+
+    def values(self) -> list[bytes | None]:
+        return [r.value for r in self.seen]
+
+
 def test_the_consumer_loop_hands_over_whole_messages_and_commits_every_chunk() -> None:
     bus = MemoryBus()
     publisher = MemoryPublisher(bus, max_message_bytes=128 * 1024)
@@ -103,30 +129,15 @@ def test_the_consumer_loop_hands_over_whole_messages_and_commits_every_chunk() -
     publisher.send("t", b"small", b"tiny", [])
     assert len(bus.topics["t"]) == 6  # five 64 KiB chunks (128 KiB less the headroom) and the small one
     bus.append("t", b"lone", b"x", [(H_CHUNK, b"1/2"), ("sapo-chunk-id", b"zz"), (H_CHUNK_SHA, b"0")])
-    seen: list[Record] = []
-
-    def handle(record: Record) -> Disposition:
-        seen.append(record)
-        return Disposition.DONE
-
-    registry = CollectorRegistry()
-    transport = TransportMetrics(registry, "test")
-    loop = ConsumerLoop(
-        MemoryConsumerClient(bus, "g"),
-        ["t"],
-        handle,
-        stop=StopFlag(),
-        metrics=transport,
-        dead_letters=DeadLetters(publisher, "dlq", "test", transport),
-        poll_timeout_s=0.0,
-    )
-    assert loop.run(idle_timeout_s=0.0) == 7
-    assert [(r.key, r.value) for r in seen] == [(b"big", big), (b"small", b"tiny")]
-    assert seen[0].headers == {"kind": b"group"}
+    consumer = Collecting(bus, publisher)
+    assert consumer.loop.run(idle_timeout_s=0.0) == 7
+    assert [(r.key, r.value) for r in consumer.seen] == [(b"big", big), (b"small", b"tiny")]
+    assert consumer.seen[0].headers == {"kind": b"group"}
     assert bus.committed[("g", ("t", 0))] == 7  # every chunk and the lone piece finished
-    assert (
-        registry.get_sample_value("sapo_test_messages_rejected_total", {"reason": "incomplete_message"}) == 1
+    rejected = consumer.registry.get_sample_value(
+        "sapo_test_messages_rejected_total", {"reason": "incomplete_message"}
     )
+    assert rejected == 1
     assert [r.headers["sapo-dlq-reason"] for r in bus.topics["dlq"]] == [b"incomplete_message"]
 
 
@@ -139,20 +150,27 @@ def test_whole_messages_between_the_chunks_of_another_pass_through_the_loop() ->
     for value, headers in pieces[1:]:
         bus.append("t", b"a", value, headers)
     bus.append("t", b"c", b"after", [])
-    seen: list[bytes] = []
-
-    def handle(record: Record) -> Disposition:
-        seen.append(record.value or b"")
-        return Disposition.DONE
-
-    loop = ConsumerLoop(
-        MemoryConsumerClient(bus, "g"),
-        ["t"],
-        handle,
-        stop=StopFlag(),
-        metrics=TransportMetrics(CollectorRegistry(), "test"),
-        poll_timeout_s=0.0,
-    )
-    assert loop.run(idle_timeout_s=0.0) == 5
-    assert seen == [b"between", big, b"after"]
+    consumer = Collecting(bus, MemoryPublisher(bus))
+    assert consumer.loop.run(idle_timeout_s=0.0) == 5
+    assert consumer.values() == [b"between", big, b"after"]
     assert bus.committed[("g", ("t", 0))] == 5
+
+
+def test_a_whole_message_gives_up_a_stale_open_one_in_the_loop() -> None:
+    """The loop hands whole messages past the reassembler only while nothing is open: with a message
+    left open, the next whole one still sweeps it once it is stale (counted, dead-lettered, committed)."""
+    bus = MemoryBus()
+    bus.append("t", b"a", *split(os.urandom(25), [], 10)[0])  # its producer died after one chunk
+    bus.append("t", b"b", b"later", [])
+    consumer = Collecting(bus, MemoryPublisher(bus))
+    loop = consumer.loop
+    now = [0.0]
+    loop._reassembler = Reassembler(1000, 1000, stale_s=60, clock=lambda: now[0])
+    loop.open()
+    assert loop.step() and loop.pending_count() == 1  # the open chunk holds its offset
+    now[0] = 61.0
+    assert loop.step()
+    loop.commit()
+    assert consumer.values() == [b"later"]
+    assert bus.committed[("g", ("t", 0))] == 2
+    assert [r.headers["sapo-dlq-reason"] for r in bus.topics["dlq"]] == [b"incomplete_message"]
