@@ -214,9 +214,10 @@ class StreamingAssembler(Assembler[H]):
     """`deadline` and `async`: the same rule, with the wait for the swarm bounded by `deadline_s` or
     by `async_timeout_s`."""
 
-    def __init__(self, cfg: AssemblyConfig, deadline_s: float, verify: Verify | None) -> None:
+    def __init__(self, cfg: AssemblyConfig, wait_s: float, verify: Verify | None) -> None:
         super().__init__(cfg, verify)
-        self._deadline_s = deadline_s
+        self._wait_s = wait_s
+        """The longest wait for the swarm once the I local groups are in."""
         self._local_ready_s: float | None = None
         self._local_screened = 0
         """Fresh local groups screened (with or without signal) since the last batch."""
@@ -258,7 +259,7 @@ class StreamingAssembler(Assembler[H]):
         if self._local_ready_s is None:
             self._local_ready_s = now_s
         if external_n < n_external:
-            waiting = now_s - self._local_ready_s < self._deadline_s
+            waiting = now_s - self._local_ready_s < self._wait_s
             reachable = self._reachable_external()
             if waiting and external_n < reachable:
                 return None
@@ -268,7 +269,7 @@ class StreamingAssembler(Assembler[H]):
                     "them, the rest local: the swarm gives fewer than expected_peers can",
                     external_n,
                     min(n_external, reachable),
-                    self._deadline_s,
+                    self._wait_s,
                 )
             n_external = external_n
             n_local = min(local_n, mix.total - n_external)
