@@ -7,8 +7,8 @@ waits for what the expected peers can give, then fills the rest from local group
 stalled for good.
 
 Untrained tiny models score 0 everywhere, so their groups have no signal, nothing is pooled, and
-their batches come from the starvation rule instead. The nodes are the warm model of
-`test_contributions`, built once into sapo's cache (~35 s on a 2-core machine).
+their batches come from the starvation rule instead. The nodes are warm models
+(`tests.integration.warm_swarm`).
 
 A bounded async run also needs local groups for its last batches: a batch that fills external slots
 from local uses more than a round's worth, so the trainer plans up to `max_ahead` rounds past the
@@ -26,14 +26,12 @@ from pathlib import Path
 
 import pytest
 
-from sapo.models import warm_model_dir
 from sapo.swarm.history import read_rows
-from sapo.swarm.manifest import parse_manifest
 from sapo.swarm.run import run_swarm
+from tests.integration.warm_swarm import warm_swarm
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 ROUNDS = 3
-MODEL = "warm:1:64x2:100"
 PEER = {"node-a": "node-b", "node-b": "node-a"}
 MAX_PER_SOURCE = 2
 CAP_S = 300.0
@@ -47,27 +45,17 @@ docstring). Its last batch may, when its peer finished first without groups to s
 def test_an_async_swarm_of_two_nodes_trains_every_round_on_what_its_peer_can_give(
     kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
 ) -> None:
-    warm_model_dir(MODEL)
-    manifest = parse_manifest(
-        {
-            "name": "it-async",
-            "bootstrap": kafka_bootstrap,
-            "topic_prefix": topic_prefix,
-            "defaults": {
-                "model": MODEL,
-                "questions_per_round": 4,
-                "completions_per_question": 4,
-                "local_groups": 1,  # a batch rarely starves (no group of a round with signal)
-                "external_groups": 4,
-                "round_mode": "async",
-                "rounds": ROUNDS,
-                "max_new_tokens": 16,
-                "learning_rate": 1e-3,
-                "trainer": {"max_ahead": 1},
-                "sampler": {"max_per_source": MAX_PER_SOURCE, "async_timeout_s": TIMEOUT_S},
-            },
-            "nodes": [{"id": "node-a", "seed": 1}, {"id": "node-b", "seed": 2}],
-        }
+    manifest = warm_swarm(
+        "it-async",
+        kafka_bootstrap,
+        topic_prefix,
+        ROUNDS,
+        [{"id": "node-a", "seed": 1}, {"id": "node-b", "seed": 2}],
+        local_groups=1,  # a batch rarely starves (no group of a round with signal)
+        external_groups=4,
+        round_mode="async",
+        trainer={"max_ahead": 1},
+        sampler={"max_per_source": MAX_PER_SOURCE, "async_timeout_s": TIMEOUT_S},
     )
     out = io.StringIO()
     timer = threading.Timer(CAP_S, os.kill, (os.getpid(), signal.SIGINT))

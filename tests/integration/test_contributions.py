@@ -18,17 +18,15 @@ from pathlib import Path
 import pytest
 
 from sapo import cli
-from sapo.models import warm_model_dir
 from sapo.node.peers import OTHER
 from sapo.swarm.history import read_rows
-from sapo.swarm.manifest import parse_manifest
 from sapo.swarm.progress import Samples, scrape
 from sapo.swarm.report import contribution_totals
 from sapo.swarm.run import run_swarm
+from tests.integration.warm_swarm import warm_swarm
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 ROUNDS = 2
-MODEL = "warm:1:64x2:100"
 PEER = {"node-a": "node-b", "node-b": "node-a"}
 
 
@@ -65,33 +63,18 @@ def _values(samples: Samples, name: str) -> dict[str, float]:
 def test_steps_and_metrics_account_for_each_peers_groups(
     kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    warm_model_dir(MODEL)
-    manifest = parse_manifest(
-        {
-            "name": "it-contrib",
-            "bootstrap": kafka_bootstrap,
-            "topic_prefix": topic_prefix,
-            "defaults": {
-                "model": MODEL,
-                "questions_per_round": 4,
-                "completions_per_question": 4,
-                "local_groups": 2,
-                "external_groups": 2,
-                "rounds": ROUNDS,
-                "max_new_tokens": 16,
-                "learning_rate": 1e-3,
-                "sampler": {"lockstep_timeout_s": 120},
-            },
-            "nodes": [
-                {"id": "node-a", "seed": 1},
-                {
-                    "id": "node-b",
-                    "seed": 2,
-                    "sampler": {"metrics_peers": 0},
-                    "trainer": {"metrics_peers": 0},
-                },
-            ],
-        }
+    manifest = warm_swarm(
+        "it-contrib",
+        kafka_bootstrap,
+        topic_prefix,
+        ROUNDS,
+        [
+            {"id": "node-a", "seed": 1},
+            {"id": "node-b", "seed": 2, "sampler": {"metrics_peers": 0}, "trainer": {"metrics_peers": 0}},
+        ],
+        local_groups=2,
+        external_groups=2,
+        sampler={"lockstep_timeout_s": 120},
     )
     run_dir = tmp_path / "run"
     scraper = Scraper(run_dir / "ports")
