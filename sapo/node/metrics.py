@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from sapo.kafka.metrics import LoopCounter
 from sapo.node.peers import PeerLabels, SamplerPeerMetrics, TrainerPeerMetrics
-from sapo.sampler import ORIGINS, REASONS
+from sapo.sampler import ORIGINS, REASONS, RoundMode
 
 if TYPE_CHECKING:
     from sapo.trainer import StepReport
@@ -155,6 +155,14 @@ class SamplerMetrics:
             "Training batches acknowledged by the broker.",
             registry=registry,
         )
+        self.waited_out = Counter(
+            "sapo_sampler_batches_waited_out_total",
+            "Batches that went when their wait for the swarm ran out (lockstep_timeout_s, deadline_s, "
+            "async_timeout_s) before expected_peers peers sent what they waited for, by round mode: in "
+            "lockstep and async, fewer peers than expected_peers are live or keep pace.",
+            ["mode"],
+            registry=registry,
+        )
         self.sequence_jumps = Counter(
             "sapo_sampler_sequence_jumps_total",
             "Times the batch sequence moved forward to where the trainer expects it (the node's batch "
@@ -220,6 +228,8 @@ class SamplerMetrics:
             self.warm_rejected.labels(reason)
         for source in SOURCES:
             self.batch_groups.labels(source)
+        for mode in RoundMode:
+            self.waited_out.labels(mode)
 
 
 # --- trainer ---

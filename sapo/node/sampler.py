@@ -497,6 +497,8 @@ class SamplerService:
     def _observe_batch(self, assembly: Assembly[Record], groups: list[Scored]) -> None:
         now = self._clock()
         self._metrics.batches.inc()
+        if assembly.waited_out:
+            self._metrics.waited_out.labels(self._settings.round_mode).inc()
         self._metrics.batch_groups.labels("local").observe(len(assembly.local))
         self._metrics.batch_groups.labels("external").observe(len(assembly.external))
         self._metrics.peers.used(s.peer for s in groups if s.origin == "external")

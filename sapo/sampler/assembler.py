@@ -95,12 +95,15 @@ class AssemblyConfig:
 @dataclass(frozen=True)
 class Assembly(Generic[H]):
     """The groups of one batch; `round` is the lock-step round (None in the streaming modes and for
-    warm-start batches, `warm`: `sapo.sampler.warm`)."""
+    warm-start batches, `warm`: `sapo.sampler.warm`). `waited_out`: the batch went because its wait
+    for the swarm ran out (`lockstep_timeout_s`, `deadline_s`, `async_timeout_s`) before
+    `expected_peers` peers sent what it waited for."""
 
     local: list[Entry[H]]
     external: list[Entry[H]]
     round: int | None = None
     warm: bool = False
+    waited_out: bool = False
 
     @property
     def entries(self) -> list[Entry[H]]:
@@ -258,12 +261,14 @@ class StreamingAssembler(Assembler[H]):
             return None
         if self._local_ready_s is None:
             self._local_ready_s = now_s
+        waited_out = False
         if external_n < n_external:
             waiting = now_s - self._local_ready_s < self._wait_s
             reachable = self._reachable_external()
             if waiting and external_n < reachable:
                 return None
-            if not waiting and external_n < reachable and self.cfg.mode is RoundMode.ASYNC:
+            waited_out = external_n < reachable
+            if waited_out and self.cfg.mode is RoundMode.ASYNC:
                 log.warning(
                     "async: %d of %d external groups in %.0f s (async_timeout_s); the batch goes with "
                     "them, the rest local: the swarm gives fewer than expected_peers can",
@@ -290,7 +295,7 @@ class StreamingAssembler(Assembler[H]):
         pool.remove([*local, *external])
         self._local_ready_s = None
         self._local_screened = 0
-        return Assembly(local, external)
+        return Assembly(local, external, waited_out=waited_out)
 
 
 @dataclass
@@ -368,9 +373,12 @@ class LockstepAssembler(Assembler[H]):
         self.pool.remove([*picked_local, *picked_external])
         unused = self.pool.take_where(lambda e: e.scored.round <= round_)
         self._discards.extend(Discard(e, "unused") for e in unused)
+        # _due let the round go with fewer peers than expected only once lockstep_timeout_s passed.
+        state = self._rounds[round_]
+        waited_out = self.cfg.mix.wants_external and len(state.peers) < self.cfg.expected_peers
         self.next_round = round_ + 1
         self._rounds = {r: s for r, s in self._rounds.items() if r > round_}
-        return Assembly(picked_local, picked_external, round_)
+        return Assembly(picked_local, picked_external, round_, waited_out=waited_out)
 
     def _pick_round(self, round_: int, sequence: int) -> tuple[list[Entry[H]], list[Entry[H]]]:
         """I local sampled uniformly and J external by the selection policy, of the round's groups;

@@ -6,7 +6,7 @@ from __future__ import annotations
 import collections
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -59,10 +59,12 @@ class Node:
         bus: MemoryBus,
         trust: TrustStore | None = None,
         stop: StopFlag | None = None,
+        clock: Callable[[], float] = time.time,
         **settings: object,
     ) -> None:
         self.bus = bus
         self.stop = stop
+        self.clock = clock
         self.settings = SamplerSettings(node_id=NODE, **settings)  # type: ignore[arg-type]
         self.registry = CollectorRegistry()
         self.trust = trust
@@ -115,6 +117,7 @@ class Node:
             dead_letters=DeadLetters(publisher, TOPICS.dlq, "sampler", transport),
             identity=identity,
             trainer_client=MemoryConsumerClient(self.bus, f"policy-{id(self)}-{len(self.bus.topics)}"),
+            clock=self.clock,
         )
         assert core.trainer is not None
         core.trainer.open()
@@ -286,6 +289,36 @@ def test_lockstep_emits_empty_batches_to_advance_the_round() -> None:
     assert [(b.round, len(b.groups)) for b in batches] == [(0, 0), (1, 1)]
     assert all(validate_batch(b) is None for b in batches)
     assert node.rejected("no_signal") == 5
+
+
+def test_a_round_closed_by_the_lockstep_timeout_is_counted_as_waited_out() -> None:
+    """The operator's signal that the swarm is smaller or slower than EXPECTED_PEERS says."""
+    bus, now = MemoryBus(), [time.time()]
+    node = Node(
+        bus,
+        clock=lambda: now[0],
+        questions_per_round=2,
+        local_groups=2,
+        external_groups=2,
+        expected_peers=2,
+        lockstep_timeout_s=30.0,
+    )
+    records = iter(RECORDS)
+    for round_, peers in ((0, ["peer-1"]), (1, ["peer-1", "peer-2"])):
+        for _ in range(2):
+            publish(bus, TOPICS.rollouts, real_group(next(records), NODE, (True, False), round_=round_))
+        for peer in peers:
+            publish(bus, TOPICS.swarm_rollouts, real_group(next(records), peer, (True, False), round_=round_))
+    node.drain()
+    assert node.batches() == []  # round 0 waits for its second peer
+    now[0] += 30.0
+    node.drain()
+    assert [(b.round, len(b.groups)) for b in node.batches()] == [(0, 3), (1, 4)]
+
+    def waited_out(mode: str) -> float | None:
+        return node.registry.get_sample_value("sapo_sampler_batches_waited_out_total", {"mode": mode})
+
+    assert (waited_out("lockstep"), waited_out("async"), waited_out("deadline")) == (1.0, 0.0, 0.0)
 
 
 def test_lost_partitions_drop_their_pool_and_their_groups_are_accepted_again() -> None:

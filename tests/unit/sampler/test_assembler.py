@@ -66,6 +66,7 @@ def test_async_waits_for_i_local_and_j_external_under_the_quota() -> None:
     assert batch is not None
     assert [e.handle for e in batch.local] == ["local-1", "local-2"]  # oldest local first
     assert sorted(e.scored.peer for e in batch.external) == ["peer-1", "peer-2"]
+    assert not batch.waited_out
     assert feed.assembler.pool.count("local") == 1
     assert feed.assembler.pool.count("external") == 1
     assert feed.assembler.next_batch(T0 + 1, 1) is None
@@ -85,6 +86,7 @@ def test_streaming_waits_for_no_more_external_than_the_expected_peers_give(mode:
     batch = feed.assembler.next_batch(T0, 0)  # before any deadline
     assert batch is not None
     assert (len(batch.local), [e.scored.peer for e in batch.external]) == (6, ["peer-1", "peer-1"])
+    assert not batch.waited_out  # short of J, but all the expected peer can give
 
 
 def test_streaming_without_expected_peers_never_waits_for_the_swarm() -> None:
@@ -111,6 +113,7 @@ def test_async_waits_for_more_expected_peers_until_its_timeout() -> None:
     batch = feed.assembler.next_batch(T0 + 60, 0)
     assert batch is not None
     assert (len(batch.local), [e.scored.peer for e in batch.external]) == (6, ["peer-1", "peer-1"])
+    assert batch.waited_out
 
 
 def test_deadline_fills_missing_external_slots_from_local() -> None:
@@ -123,6 +126,7 @@ def test_deadline_fills_missing_external_slots_from_local() -> None:
     batch = feed.assembler.next_batch(T0 + 5.0, 0)
     assert batch is not None
     assert (len(batch.local), len(batch.external)) == (3, 1)
+    assert batch.waited_out
     # The next batch has only 2 local: its deadline starts afresh.
     assert feed.assembler.next_batch(T0 + 5.1, 1) is None
     assert feed.assembler.next_batch(T0 + 10.2, 1) is not None
@@ -174,6 +178,7 @@ def test_lockstep_closes_a_round_when_local_and_peers_are_in() -> None:
     assert batch is not None
     assert batch.round == 0
     assert (len(batch.local), len(batch.external)) == (2, 2)
+    assert not batch.waited_out
     assert all(e.scored.round == 0 for e in batch.entries)
     assert feed.assembler.pool.count("external") == 1  # round 1's group
     assert feed.group("local", "node-0", T0, round_=0) == "late_round"
@@ -189,6 +194,7 @@ def test_lockstep_waits_for_peers_only_until_the_timeout_and_discards_the_unused
     batch = feed.assembler.next_batch(T0 + 11.0, 0)
     assert batch is not None
     assert (len(batch.local), len(batch.external)) == (2, 1)
+    assert batch.waited_out  # one peer of the expected ones
     unused = feed.assembler.take_discards()
     assert sorted(d.entry.scored.origin for d in unused) == ["external", "local"]
     assert {d.reason for d in unused} == {"unused"}
@@ -236,6 +242,7 @@ def test_lockstep_without_external_slots_never_waits_for_peers() -> None:
     batch = feed.assembler.next_batch(T0, 0)
     assert batch is not None
     assert len(batch.local) == 3
+    assert not batch.waited_out
 
 
 def test_the_choice_is_reproducible_per_sequence() -> None:
