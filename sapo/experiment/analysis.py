@@ -38,7 +38,7 @@ from typing import Any
 from sapo.experiment.plan import group_of, parse_mix
 from sapo.experiment.stats import Interval, paired_interval
 from sapo.generator.settings import GeneratorSettings
-from sapo.swarm.history import ROUNDS_DIR, STEPS_DIR, read_rows
+from sapo.swarm.history import ROUNDS_DIR, STEPS_DIR, own_round_rewards, read_rows
 from sapo.tasks import load_profile
 
 SMOOTH = 5
@@ -150,10 +150,11 @@ def load_run(run_dir: Path, heldout_profile: str | None = None) -> RunRecord:
     nodes: list[str] = result["nodes"]
     own, batch, reference = {}, {}, {}
     for n in nodes:
-        rounds = [r["reward_mean"] for r in read_rows(run_dir / ROUNDS_DIR / f"{n}.jsonl")]
+        spec = specs.get(n, {})
+        rows = read_rows(run_dir / ROUNDS_DIR / f"{n}.jsonl")
+        rounds = own_round_rewards(rows, int(spec.get("rounds") or len(rows)))
         steps = sorted(read_rows(run_dir / STEPS_DIR / f"{n}.jsonl"), key=lambda s: s["version"])
         own[n], batch[n] = rounds, [s["reward_mean"] for s in steps]
-        spec = specs.get(n, {})
         mix = parse_mix(result.get("mix", "")) or (0, 0)
         # A manifest records a short key left to its service's default as null.
         local = spec.get("local_groups")

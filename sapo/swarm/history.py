@@ -95,3 +95,11 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def own_round_rewards(rows: Sequence[dict[str, Any]], rounds: int) -> list[float]:
+    """The reward of a node's first `rounds` rounds, in round order. An async node may generate up to
+    `max_ahead` rounds more while its peers catch up (the last of them cut short when the run ends):
+    those are left out, so nodes compare over the rounds the run was for."""
+    ordered = sorted(rows, key=lambda row: row["round"])
+    return [row["reward_mean"] for row in ordered[:rounds]]

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any, TextIO
 
-from sapo.swarm.history import ROUNDS_DIR, STEPS_DIR, read_rows
+from sapo.swarm.history import ROUNDS_DIR, STEPS_DIR, own_round_rewards, read_rows
 from sapo.swarm.manifest import SwarmManifest
 
 
@@ -18,7 +18,7 @@ def summarize(manifest: SwarmManifest, run_dir: Path) -> dict[str, Any]:
     for node in manifest.nodes:
         steps = read_rows(run_dir / STEPS_DIR / f"{node.id}.jsonl")
         rewards = [s["reward_mean"] for s in steps if s["completion_tokens"]]
-        rounds = [r["reward_mean"] for r in read_rows(run_dir / ROUNDS_DIR / f"{node.id}.jsonl")]
+        rounds = own_round_rewards(read_rows(run_dir / ROUNDS_DIR / f"{node.id}.jsonl"), node.rounds)
         nodes[node.id] = {
             "steps": len(steps),
             "reward_sum": sum(rewards),

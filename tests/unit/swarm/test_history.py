@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sapo.swarm.history import append_row, read_rows, round_row
+from sapo.swarm.history import append_row, own_round_rewards, read_rows, round_row
 from sapo.v1 import rollout_pb2
 from tests.factories import make_group
 
@@ -38,3 +38,10 @@ def test_rows_round_trip(tmp_path: Path) -> None:
     append_row(path, {"round": 0, "reward_mean": 0.25})
     append_row(path, {"round": 1, "reward_mean": 0.5})
     assert [r["round"] for r in read_rows(path)] == [0, 1]
+
+
+def test_own_round_rewards_are_the_run_s_rounds_in_round_order() -> None:
+    """An async node's rows close out of round order and run past the run's rounds, the last partial."""
+    rows = [{"round": r, "reward_mean": r / 10} for r in (1, 0, 2, 4, 3)]
+    assert own_round_rewards(rows, 3) == [0.0, 0.1, 0.2]
+    assert own_round_rewards(rows, 9) == [0.0, 0.1, 0.2, 0.3, 0.4]
