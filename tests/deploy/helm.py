@@ -109,6 +109,18 @@ def render_files(*files: Path) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(_render(first, (), (), tuple(rest))) if doc]
 
 
+def install_notes(*sets: str) -> str:
+    """The NOTES an install prints (`helm template` leaves them out): a client-side dry run, which
+    needs no cluster (Helm >= 3.13)."""
+    helm = require_tool("helm")
+    args = [helm, "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client"]
+    for item in sets:
+        args += ["--set", item]
+    result = run(*args)
+    assert result.returncode == 0, f"helm install --dry-run=client failed:\n{result.stderr}"
+    return result.stdout.partition("\nNOTES:\n")[2]
+
+
 def template_error(*sets: str) -> str:
     """stderr of a `helm template` that must fail."""
     helm = require_tool("helm")

@@ -27,6 +27,7 @@ from tests.deploy.helm import (
     container,
     deployment,
     env_of,
+    install_notes,
     of_kind,
     render,
     require_tool,
@@ -309,6 +310,14 @@ def test_standbys_wait_on_the_lease() -> None:
         assert dep["spec"]["strategy"] == {"type": "Recreate"}
     rwx = render(None, "trainer.standby=true", "checkpoints.accessModes={ReadWriteMany}")
     assert deployment(rwx, "trainer")["spec"]["replicas"] == 2
+
+
+def test_install_notes_ask_for_the_swarm_size_until_it_is_set() -> None:
+    notes = install_notes()
+    assert notes.startswith('SAPO node "node-0" is deployed')
+    assert "NOTE: sampler.settings.EXPECTED_PEERS is not set" in notes
+    for peers in ("0", "2"):
+        assert "EXPECTED_PEERS" not in install_notes(f"sampler.settings.EXPECTED_PEERS={peers}")
 
 
 # --- env contract --------------------------------------------------------------------------------
