@@ -8,6 +8,7 @@ librdkafka dict; secrets are `SecretStr` so the resolved config can be logged.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import types
@@ -356,13 +357,31 @@ def unknown_env(cls: type[BaseSettings], environ: Mapping[str, str]) -> list[str
     )
 
 
+def _near(unknown: list[str], prefix_len: int, cls: type[BaseSettings]) -> list[tuple[str, str]]:
+    """Each unknown variable with the field name (upper case) it most likely misspells, where one is
+    close: the part after the prefix and before any nested `__` is compared."""
+    fields = [f.upper() for f in cls.model_fields]
+    out = []
+    for name in unknown:
+        head = name[prefix_len:].upper().split("__")[0]
+        close = difflib.get_close_matches(head, fields, n=1, cutoff=0.75)
+        if close:
+            out.append((name, close[0]))
+    return out
+
+
 def load_settings(cls: type[S], **overrides: Any) -> S:
     """Build settings from the environment (and overrides), or exit with every problem and what to set."""
     unknown = unknown_env(cls, os.environ)
     if unknown:
         prefix = cls.model_config.get("env_prefix", "")
-        known = ", ".join(f"{prefix}{f.upper()}" for f in cls.model_fields)
-        raise ConfigError(f"unknown setting(s) {', '.join(unknown)} for {cls.__name__}; known: {known}")
+        names = [f"{prefix}{f.upper()}" for f in cls.model_fields]
+        hints = "".join(
+            f"\n  {name}: did you mean {prefix}{close}?" for name, close in _near(unknown, len(prefix), cls)
+        )
+        raise ConfigError(
+            f"unknown setting(s) {', '.join(unknown)} for {cls.__name__}{hints}\nknown: {', '.join(names)}"
+        )
     try:
         return cls(**overrides)
     except ValidationError as exc:

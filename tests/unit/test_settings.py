@@ -81,8 +81,13 @@ def test_misspelled_variable_fails_at_start(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("SAPO_DEMO_NODE_ID", "n")
     monkeypatch.setenv("SAPO_DEMO_KAFKA__BOOTSTRAP_SERVERS", "h:1")
     monkeypatch.setenv("SAPO_DEMO_HTTP_PROT", "9000")
-    with pytest.raises(ConfigError, match="SAPO_DEMO_HTTP_PROT"):
+    monkeypatch.setenv("SAPO_DEMO_XYZ", "1")
+    with pytest.raises(ConfigError, match="SAPO_DEMO_HTTP_PROT") as error:
         load_settings(DemoSettings)
+    lines = str(error.value).splitlines()
+    assert "  SAPO_DEMO_HTTP_PROT: did you mean SAPO_DEMO_HTTP_PORT?" in lines
+    assert not any(line.startswith("  SAPO_DEMO_XYZ") for line in lines)  # nothing close: no guess
+    assert lines[-1].startswith("known: ") and "SAPO_DEMO_HTTP_PORT" in lines[-1]
 
 
 def test_watching_consumers_fetch_at_their_own_wait(monkeypatch: pytest.MonkeyPatch) -> None:
