@@ -376,6 +376,15 @@ class LockstepAssembler(Assembler[H]):
         # _due let the round go with fewer peers than expected only once lockstep_timeout_s passed.
         state = self._rounds[round_]
         waited_out = self.cfg.mix.wants_external and len(state.peers) < self.cfg.expected_peers
+        if waited_out:
+            log.warning(
+                "lock-step round %d: %d of %d expected peers after %.0f s (lockstep_timeout_s); closing "
+                "it without the rest",
+                round_,
+                len(state.peers),
+                self.cfg.expected_peers,
+                self.cfg.lockstep_timeout_s,
+            )
         self.next_round = round_ + 1
         self._rounds = {r: s for r, s in self._rounds.items() if r > round_}
         return Assembly(picked_local, picked_external, round_, waited_out=waited_out)

@@ -184,7 +184,9 @@ def test_lockstep_closes_a_round_when_local_and_peers_are_in() -> None:
     assert feed.group("local", "node-0", T0, round_=0) == "late_round"
 
 
-def test_lockstep_waits_for_peers_only_until_the_timeout_and_discards_the_unused() -> None:
+def test_lockstep_waits_for_peers_only_until_the_timeout_and_discards_the_unused(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     feed = _lockstep(max_per_source=1)
     for _ in range(3):
         feed.group("local", "node-0", T0 + 1, round_=0)
@@ -195,6 +197,7 @@ def test_lockstep_waits_for_peers_only_until_the_timeout_and_discards_the_unused
     assert batch is not None
     assert (len(batch.local), len(batch.external)) == (2, 1)
     assert batch.waited_out  # one peer of the expected ones
+    assert "lock-step round 0: 1 of 2 expected peers after 10 s (lockstep_timeout_s)" in caplog.text
     unused = feed.assembler.take_discards()
     assert sorted(d.entry.scored.origin for d in unused) == ["external", "local"]
     assert {d.reason for d in unused} == {"unused"}
