@@ -35,7 +35,7 @@ from sapo.generator.work import Item, group_id
 from sapo.inspect.render import topic_label
 from sapo.kafka import Record
 from sapo.models import load_model
-from sapo.tasks import verify_question
+from sapo.tasks import MAX_POSITION, verify_question
 from sapo.v1 import policy_pb2, rollout_pb2
 from sapo.wire import (
     H_TASK,
@@ -362,6 +362,8 @@ def _send_refused(run: _Run) -> list[Rejected]:
     send(work, b"9/1", foreign, ("WorkItem", "wrong_node", "work item for another node"))
     backwards = Item(node, 9, 2, 0, 5, 4).to_proto(TRAINER_EPOCH)
     send(work, b"9/2", backwards, ("WorkItem", "empty_version_range", "work item with min > max"))
+    beyond = Item(node, 9, 3, MAX_POSITION, 0, None).to_proto(TRAINER_EPOCH)
+    send(work, b"9/3", beyond, ("WorkItem", "index_out_of_range", "work item past the stream's end"))
     incomplete = policy_pb2.PolicyUpdate(schema_version=SCHEMA_VERSION, node_id=node, version=3)
     send(policy, node.encode(), incomplete, ("PolicyUpdate", "incomplete_policy_update", "bare announcement"))
     fenced = run.version(2, epoch=TRAINER_EPOCH - 1, perturb=1e-2)

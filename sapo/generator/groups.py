@@ -22,7 +22,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from sapo.backends import FinishReason, GenerationBackend, Sample, SamplingConfig
 from sapo.convert import question_to_proto
 from sapo.generator.work import Item, group_id, item_seed
-from sapo.tasks import QuestionRecord, TaskStream, prompt_ids, score
+from sapo.tasks import QuestionRecord, prompt_ids, score
 from sapo.v1 import rollout_pb2
 from sapo.wire import SCHEMA_VERSION, now_timestamp
 
@@ -129,12 +129,17 @@ class Generated:
 
 
 def generate_items(
-    backend: GenerationBackend, stream: TaskStream, source: RoundSource, items: Sequence[Item], version: int
+    backend: GenerationBackend,
+    records: Sequence[QuestionRecord],
+    source: RoundSource,
+    items: Sequence[Item],
+    version: int,
 ) -> Generated:
-    """The groups of `items`: their questions, all completions in one backend call (each item with its
-    own seed), scored and stamped with policy `version` (the weights the backend holds; the caller
-    knows which, the backend is never asked to swap weights here)."""
-    records = [stream.record_at(item.stream_index) for item in items]
+    """The groups of `items`, whose questions are `records` (`stream.record_at(item.stream_index)`,
+    one per item, in order: a caller resolves them first so that an item whose question cannot be
+    built is refused alone): all completions in one backend call (each item with its own seed),
+    scored and stamped with policy `version` (the weights the backend holds; the caller knows which,
+    the backend is never asked to swap weights here)."""
     prompts = [RoundPrompt(r, prompt_ids(backend.tokenizer, r)) for r in records]
     seeds = [item_seed(source.node_seed, item.round, item.position) for item in items]
     created_at = now_timestamp()

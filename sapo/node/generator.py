@@ -29,7 +29,7 @@ import logging
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import Self
+from typing import NamedTuple, Self
 
 from sapo.backends import GenerationBackend
 from sapo.cpugate import Gate, NoGate
@@ -56,7 +56,7 @@ from sapo.node.policy import WEIGHTS_OK, PolicyFollower
 from sapo.ops import Health
 from sapo.runtime import Runtime
 from sapo.settings import ConfigError
-from sapo.tasks import TaskStream
+from sapo.tasks import MAX_POSITION, QuestionRecord, TaskStream
 from sapo.topics import TopicNames
 from sapo.v1 import rollout_pb2, work_pb2
 from sapo.wire import HeaderSigner, InvalidMessageError, decode, rollout_headers, validate_work_item
@@ -67,6 +67,16 @@ MODEL_LOADED = "model_loaded"
 _WAIT_POLL_S = 0.5
 _DRAIN = 4096
 _WARN_EVERY_S = 60.0
+
+
+class Held(NamedTuple):
+    """A work item a replica holds: its record (finished once the group is published) and its
+    question, built when the item arrived so that an item whose question cannot be built is refused
+    alone rather than failing the backend call it would have shared."""
+
+    item: Item
+    record: Record
+    question: QuestionRecord
 
 
 class GeneratorService:
@@ -103,7 +113,7 @@ class GeneratorService:
         self._source = round_source(settings, backend.tokenizer)
         self._stream = TaskStream(settings.task_profile(), self._source.node_seed, "train")
         self._signer = signer
-        self._held: dict[tuple[int, int], tuple[Item, Record]] = {}
+        self._held: dict[tuple[int, int], Held] = {}
         self.work = ConsumerLoop(
             work_client,
             [topics.work],
@@ -213,32 +223,36 @@ class GeneratorService:
         """Sample the held items the loaded policy may generate (up to `max_batch_items`), publish their
         groups and finish the items; drop obsolete ones. True when a backend call ran."""
         loaded = self._follower.loaded
-        ready: list[tuple[Item, Record]] = []
-        for slot, (item, record) in list(self._held.items()):
+        ready: list[Held] = []
+        for slot, held in list(self._held.items()):
+            item = held.item
             fate = item.fate(loaded)
             if fate == "obsolete":
                 log.info("dropped obsolete item round %d/%d (loaded v%d)", item.round, item.position, loaded)
                 self._metrics.work_items.labels("obsolete").inc()
                 del self._held[slot]
-                self.work.finish(record)
+                self.work.finish(held.record)
             elif fate == "ready" and len(ready) < self._settings.max_batch_items:
-                ready.append((item, record))
+                ready.append(held)
         self._metrics.work_held.set(len(self._held))
         if not ready:
             return False
-        ready.sort(key=lambda pair: (pair[0].round, pair[0].position))
-        self.generate([item for item, _ in ready])
-        for item, record in ready:
-            self._held.pop((item.round, item.position), None)
-            self.work.finish(record)
+        ready.sort(key=lambda held: (held.item.round, held.item.position))
+        self.generate([held.item for held in ready], [held.question for held in ready])
+        for held in ready:
+            self._held.pop((held.item.round, held.item.position), None)
+            self.work.finish(held.record)
         self.work.commit()
         return True
 
-    def generate(self, items: Sequence[Item]) -> list[rollout_pb2.RolloutGroup]:
-        """Sample, score, publish and flush the groups of `items` with the currently loaded weights."""
+    def generate(
+        self, items: Sequence[Item], questions: Sequence[QuestionRecord]
+    ) -> list[rollout_pb2.RolloutGroup]:
+        """Sample, score, publish and flush the groups of `items` (whose questions are `questions`) with
+        the currently loaded weights."""
         version = self._backend.model_version
         with self._gate.hold():  # sampling and scoring keep a CPU busy (sapo.cpugate)
-            generated = generate_items(self._backend, self._stream, self._source, items, version)
+            generated = generate_items(self._backend, questions, self._source, items, version)
         groups, seconds = generated.groups, generated.generate_seconds
         shared = self._publish(groups)
         self.generated += len(groups)
@@ -280,12 +294,16 @@ class GeneratorService:
             raise InvalidMessageError(
                 "wrong_node", f"work for {message.node_id!r} on {self._settings.node_id}'s topic"
             )
+        if message.stream_index >= MAX_POSITION:
+            raise InvalidMessageError(
+                "index_out_of_range", f"stream_index {message.stream_index} outside [0, {MAX_POSITION})"
+            )
         item = Item.from_proto(message)
         slot = (item.round, item.position)
         if slot in self._held:  # the same item again (planned twice): one sample does for both
             self._metrics.work_items.labels("duplicate").inc()
             return Disposition.DONE
-        self._held[slot] = (item, record)
+        self._held[slot] = Held(item, record, self._stream.record_at(item.stream_index))
         return Disposition.HELD
 
     def _assigned(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
@@ -295,13 +313,13 @@ class GeneratorService:
     def _revoked(self, tps: list[TopicPartition]) -> None:
         """Items of partitions that moved to another replica: dropped unfinished, sampled there."""
         gone = set(tps)
-        for slot, (_, record) in list(self._held.items()):
-            if record.tp in gone:
+        for slot, held in list(self._held.items()):
+            if held.record.tp in gone:
                 del self._held[slot]
         self._metrics.work_partitions.set(len(self.work.assigned.difference(tps)))
 
     def _log_waiting(self) -> None:
-        needed = min(item.min_version for item, _ in self._held.values())
+        needed = min(held.item.min_version for held in self._held.values())
         log.info(
             "%d work items wait for policy v%d (loaded v%d, announced v%d)",
             len(self._held),

@@ -235,7 +235,15 @@ class SamplerMetrics:
 # --- trainer ---
 
 P = "sapo_trainer"
-SKIP_REASONS = ("error", "bad_logprobs", "bad_question", "bad_temperature", "prompt_too_long", "empty")
+SKIP_REASONS = (
+    "error",
+    "bad_logprobs",
+    "bad_token_id",
+    "bad_question",
+    "bad_temperature",
+    "prompt_too_long",
+    "empty",
+)
 BATCH_OUTCOMES = ("trained", "empty", "duplicate")
 PUBLISH_OUTCOMES = ("written", "verified", "diverged", "skipped")
 STEP_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)

@@ -204,7 +204,8 @@ class Node:
         items = round_items(self.id, round_, per_round, self.pacing)
         if any(item.fate(version) != "ready" for item in items):
             raise RuntimeError(f"{self.id}: round {round_} with policy v{version} breaks lock-step")
-        return generate_items(self.backend, self.stream, self.source, items, version).groups
+        records = [self.stream.record_at(item.stream_index) for item in items]
+        return generate_items(self.backend, records, self.source, items, version).groups
 
     def shared(self, groups: list[rollout_pb2.RolloutGroup]) -> list[rollout_pb2.RolloutGroup]:
         return [g for g in groups if self.settings.generator.shares(g)]

@@ -36,13 +36,14 @@ from sapo.tasks.prompt import (
 )
 from sapo.tasks.records import Provenance, QuestionRecord, Split
 from sapo.tasks.reward import score
-from sapo.tasks.stream import TaskStream, UnscorableTaskError
+from sapo.tasks.stream import MAX_POSITION, TaskStream, UnscorableTaskError
 from sapo.tasks.verify import REJECTION_REASONS, RederivationError, rederive, verify_question
 
 __all__ = [
     "ANSWER_PREFILL",
     "EASY_PROFILE",
     "GENERATOR_VERSION",
+    "MAX_POSITION",
     "PAPER_PROFILE",
     "PROFILES",
     "REJECTION_REASONS",

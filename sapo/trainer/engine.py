@@ -97,6 +97,7 @@ class Trainer:
             max_sequence_tokens=max_sequence_tokens,
             external_logprobs=external_logprobs,
             sampling_temperature=sampling_temperature,
+            vocab_size=int(model.config.vocab_size),
         )
         pad = tokenizer.pad_token_id
         self.pad_token_id = int(pad) if pad is not None else self.builder.eos_token_id

@@ -113,7 +113,10 @@ class SequenceBuilder:
         external_logprobs: ExternalLogprobs = "on_policy",
         sampling_temperature: float = 1.0,
         stop_strings: Sequence[str] = STOP_STRINGS,
+        vocab_size: int | None = None,
     ) -> None:
+        """`vocab_size`: the rows of the model's input embedding (default: the tokenizer's length); a
+        token id as sampled must lie below it."""
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer defines no EOS token; the stop decision could not be trained")
         if max_sequence_tokens < 2:
@@ -127,6 +130,7 @@ class SequenceBuilder:
         self.external_logprobs = external_logprobs
         self.sampling_temperature = sampling_temperature
         self.stop_strings = tuple(stop_strings)
+        self.vocab_size = len(tokenizer) if vocab_size is None else vocab_size
         self._warned_temperature = False
 
     def build(self, batch: batch_pb2.TrainingBatch, current_version: int) -> BuiltBatch:
@@ -154,6 +158,12 @@ class SequenceBuilder:
             self._check_own_temperature(sampled_at)
         temperature = sampled_at if local else self.sampling_temperature
         prompt: Sequence[int] = tuple(group.prompt_token_ids)
+        # Ids off the wire index the embedding: one past it would crash the step, and the restarts
+        # with it, until the batch was quarantined.
+        if as_sampled and not _in_vocab(prompt, self.vocab_size):
+            log.warning("group %s: a prompt token id is outside the vocabulary; skipped", group.group_id)
+            built.skipped["bad_token_id"] += len(group.completions)
+            return
         if not as_sampled:
             try:
                 prompt = self._rendered_prompt(group)
@@ -169,6 +179,9 @@ class SequenceBuilder:
                 continue
             if as_sampled:
                 ids = tuple(completion.token_ids)
+                if not _in_vocab(ids, self.vocab_size):
+                    built.skipped["bad_token_id"] += 1
+                    continue
                 behaviour = tuple(completion.logprobs) or None
                 if behaviour is not None and not _aligned(behaviour, ids):
                     built.skipped["bad_logprobs"] += 1
@@ -254,6 +267,11 @@ def ended_by_eos(completion: rollout_pb2.Completion, stop_strings: Sequence[str]
     if completion.finish_reason != rollout_pb2.FINISH_REASON_STOP:
         return False
     return not any(completion.text.endswith(stop) for stop in stop_strings if stop)
+
+
+def _in_vocab(ids: Sequence[int], vocab_size: int) -> bool:
+    """Whether every id indexes the embedding (the wire's ids are unsigned)."""
+    return not ids or max(ids) < vocab_size
 
 
 def _aligned(behaviour: Sequence[float], ids: Sequence[int]) -> bool:

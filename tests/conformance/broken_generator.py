@@ -19,8 +19,9 @@ from sapo.runtime import Runtime, serve
 class VersionBlindGenerator(GeneratorService):
     def _hold(self, record: Record) -> Disposition:
         disposition = super()._hold(record)
-        for slot, (item, held) in list(self._held.items()):
-            self._held[slot] = (dataclasses.replace(item, min_version=0, max_version=None), held)
+        for slot, held in list(self._held.items()):
+            blind = dataclasses.replace(held.item, min_version=0, max_version=None)
+            self._held[slot] = held._replace(item=blind)
         return disposition
 
 

@@ -17,7 +17,7 @@ from sapo.identity import NodeKey, Sender, TrustStore
 from sapo.kafka import Record
 from sapo.kafka.memory import MemoryConsumerClient
 from sapo.models import build_tiny_model
-from sapo.tasks import EASY_PROFILE, TaskStream, prompt_ids
+from sapo.tasks import EASY_PROFILE, MAX_POSITION, QuestionRecord, TaskStream, prompt_ids
 from sapo.v1 import rollout_pb2
 from tests.unit.generator.harness import (
     MemoryGenerator,
@@ -231,11 +231,39 @@ def test_a_malformed_work_item_is_dead_lettered_and_the_rest_is_generated(
     gen.bus.append(gen.topics.work, b"x", b"\xff\xff not a work item", [])
     other = Item("node-b", 0, 0, 0, 0, 0).to_proto().SerializeToString()
     gen.bus.append(gen.topics.work, b"y", other, [])
+    for index in (MAX_POSITION, 2**63 + 5):  # past the stream's end: once an uncaught IndexError
+        beyond = Item("node-a", 0, 1, index, 0, 0).to_proto().SerializeToString()
+        gen.bus.append(gen.topics.work, b"0/1", beyond, [])
     plan(gen, 0)
     _run_idle(gen)
     assert len(_groups(gen, gen.topics.rollouts)) == 2
     reasons = sorted(r.headers["sapo-dlq-reason"].decode() for r in gen.bus.topics[gen.topics.dlq])
-    assert reasons == ["undecodable", "wrong_node"]
+    assert reasons == ["index_out_of_range", "index_out_of_range", "undecodable", "wrong_node"]
+    assert gen.bus.committed[("generator", (gen.topics.work, 0))] == 6  # every record finished
+
+
+def test_an_item_whose_question_cannot_be_built_is_refused_alone(
+    tokenizer: PreTrainedTokenizerBase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A question that fails to build (a task library bug) fails its own item, not the backend call
+    the round's other items share with it."""
+    backend = ScriptedBackend(tokenizer)
+    gen = memory_generator(settings(), backend)
+    stream = gen.core._stream
+    record_at = stream.record_at
+
+    def failing(position: int) -> QuestionRecord:
+        if position == 1:
+            raise ValueError("task generator failed")
+        return record_at(position)
+
+    monkeypatch.setattr(stream, "record_at", failing)
+    plan(gen, 0)
+    _run_idle(gen)
+    assert [g.question.text for g in _groups(gen, gen.topics.rollouts)] == [record_at(0).text]
+    [dead] = gen.bus.topics[gen.topics.dlq]
+    assert dead.headers["sapo-dlq-reason"] == b"handler_error"
+    assert gen.bus.committed[("generator", (gen.topics.work, 0))] == 2
 
 
 def test_an_item_yields_the_same_group_whenever_and_with_whatever_it_is_sampled(
@@ -244,8 +272,9 @@ def test_an_item_yields_the_same_group_whenever_and_with_whatever_it_is_sampled(
     backend = TransformersBackend(build_tiny_model(tokenizer, seed=0), tokenizer)
     gen = memory_generator(settings(), backend)
     items = [Item("node-a", 4, i, 4 * 2 + i, 0, None) for i in range(2)]
-    together = gen.core.generate(items)
-    alone = gen.core.generate(items[1:])  # another replica, another batch: the same group
+    questions = [gen.core._stream.record_at(item.stream_index) for item in items]
+    together = gen.core.generate(items, questions)
+    alone = gen.core.generate(items[1:], questions[1:])  # another replica, another batch: the same group
     assert [g.group_id for g in together] == [group_id("node-a", 4, i) for i in range(2)]
     a, b = together[1], alone[0]
     assert a.group_id == b.group_id and a.sampling.seed == b.sampling.seed

@@ -111,6 +111,26 @@ def test_empty_batch_advances_the_version_without_an_update(
     assert [(e.version, e.batch_id, e.optimizer_steps) for e in trainer.state.ledger] == [(1, "node-a/0", 0)]
 
 
+def test_a_batch_with_token_ids_outside_the_vocabulary_trains_what_is_valid(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    questions: list[question_pb2.Question],
+    tmp_path: Path,
+) -> None:
+    """Ids off the wire index the embedding: a peer's or a broken sampler's out-of-range id is a
+    rejected row, not a step that raises (and a trainer that restarts into it until quarantine)."""
+    batch = _batches(model, tokenizer, questions)[0]
+    local = batch.groups[0].group
+    local.completions[0].token_ids[-1] = model.config.vocab_size
+    trainer = _trainer(model, tokenizer, tmp_path)
+
+    report = trainer.apply(batch)
+
+    assert report.version == 1
+    assert report.built.skipped == {"bad_token_id": 1}
+    assert len(report.built.rows) == 4  # the other two local completions and both external ones
+
+
 def test_resume_from_a_checkpoint_continues_exactly(
     tokenizer: PreTrainedTokenizerBase, questions: list[question_pb2.Question], tmp_path: Path
 ) -> None:

@@ -199,6 +199,23 @@ def test_misaligned_logprobs_are_rejected_per_completion(
     assert built.skipped == {"bad_logprobs": 1}
 
 
+def test_token_ids_outside_the_vocabulary_are_rejected_per_completion_or_group(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, questions: list[question_pb2.Question]
+) -> None:
+    vocab = len(tokenizer)
+    group = b.local_group(model, tokenizer, questions[0], list(b.answers(questions[0])))
+    group.completions[1].token_ids[0] = vocab  # one past the embedding: an IndexError in the step
+    built = _builder(tokenizer).build(b.training_batch(0, [b.batch_group(group, [1.0, 0.0])]), 0)
+    assert len(built.rows) == 1
+    assert built.skipped == {"bad_token_id": 1}
+
+    group.completions[1].token_ids[0] = vocab - 1
+    group.prompt_token_ids[0] = 2**32 - 1  # the prompt every completion shares: the whole group goes
+    built = _builder(tokenizer).build(b.training_batch(0, [b.batch_group(group, [1.0, 0.0])]), 0)
+    assert built.rows == []
+    assert built.skipped == {"bad_token_id": 2}
+
+
 def test_completions_without_logprobs_train_on_policy(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, questions: list[question_pb2.Question]
 ) -> None:
