@@ -244,6 +244,13 @@ class TrainerService:
             self.metrics.batches.labels("duplicate").inc()
             self.trainer.note_offset(record.tp, record.offset + 1)
             return Disposition.DONE
+        if self.trainer.is_late(batch):
+            raise InvalidMessageError(
+                "late_batch",
+                f"batch {batch.batch_id} (sequence {batch.sequence}) arrived after sequence "
+                f"{self.trainer.state.next_sequence - 1} was trained as version {self.trainer.version}: "
+                "versions follow sequence, so it is not trained",
+            )
         with self._busy():
             report = self._step(record, batch)
             self.trainer.note_offset(record.tp, record.offset + 1)

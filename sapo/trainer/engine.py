@@ -17,9 +17,10 @@ Delivery semantics, with the service loop around it (`sapo.node.trainer`):
   positioned at its offsets (the state is the source of truth, the committed offset is advisory), so
   batches trained after it are replayed. The replay re-derives the versions already published under
   the same numbers; `sapo.checkpoints` verifies them and keeps the stored weights should they differ.
-- A batch whose sequence is below the next expected one, or whose id is in the ledger, is a duplicate
-  and is skipped. A sequence above the expected one (a batch lost upstream) is trained and counted as
-  a gap.
+- A batch whose id or sequence is in the ledger is a duplicate and is skipped. A sequence above the
+  expected one (a batch lost upstream) is trained and counted as a gap; should the batch of a skipped
+  sequence arrive after all, it is late: its version was taken by a later batch, so the service refuses
+  it (`late_batch`) rather than train it out of order or call it a duplicate.
 """
 
 from __future__ import annotations
@@ -122,8 +123,12 @@ class Trainer:
         return current_lr(self.optimizer)
 
     def is_duplicate(self, batch: batch_pb2.TrainingBatch) -> bool:
-        """Already applied: below the next expected sequence, or its id is in the ledger."""
-        return int(batch.sequence) < self.state.next_sequence or self.state.trained(batch.batch_id)
+        """Already applied: its id or its sequence is in the ledger."""
+        return self.state.trained(batch.batch_id, int(batch.sequence))
+
+    def is_late(self, batch: batch_pb2.TrainingBatch) -> bool:
+        """Below the next expected sequence but never applied: a later batch took its version."""
+        return int(batch.sequence) < self.state.next_sequence and not self.is_duplicate(batch)
 
     def apply(self, batch: batch_pb2.TrainingBatch) -> StepReport:
         """Train on one (non-duplicate) batch and advance the version by one."""

@@ -44,8 +44,9 @@ class TrainerState:
     offsets: dict[TopicPartition, int] = field(default_factory=dict)
     ledger: list[LedgerEntry] = field(default_factory=list)
 
-    def trained(self, batch_id: str) -> bool:
-        return any(entry.batch_id == batch_id for entry in self.ledger)
+    def trained(self, batch_id: str, sequence: int) -> bool:
+        """Whether a batch with this id or this sequence produced a version."""
+        return any(entry.batch_id == batch_id or entry.sequence == sequence for entry in self.ledger)
 
 
 def capture_rng() -> dict[str, Any]:

@@ -237,3 +237,27 @@ def test_bad_batches_are_dead_lettered_and_training_goes_on(tmp_path: Path) -> N
     assert reasons == [b"undecodable", b"wrong_node"]
     assert service.trainer.version == 1
     assert registry.get_sample_value("sapo_trainer_messages_rejected_total", {"reason": "wrong_node"}) == 1
+
+
+def test_a_batch_that_arrives_after_a_later_one_is_refused_as_late_not_called_a_duplicate(
+    tmp_path: Path,
+) -> None:
+    """Versions follow sequence: once sequence 2 took version 1 (sequences 0 and 1 lost upstream, a
+    gap), sequence 0 arriving after all is dead-lettered `late_batch`, never trained out of order nor
+    counted as the duplicate it is not; sequence 2 re-delivered is the duplicate."""
+    bus = MemoryBus()
+    for seq in (2, 0, 2, 3):
+        _publish(bus, b.training_batch(seq, []))
+    service, registry = _service(bus, tmp_path)
+    service.start()
+    service.run(idle_timeout_s=0.0)
+
+    assert [(e.version, e.sequence) for e in service.trainer.state.ledger] == [(1, 2), (2, 3)]
+    [late] = bus.topics[TOPICS.dlq]
+    assert late.headers["sapo-dlq-reason"] == b"late_batch"
+    assert b"sequence 0" in late.headers["sapo-dlq-detail"]
+    sample = registry.get_sample_value
+    assert sample("sapo_trainer_messages_rejected_total", {"reason": "late_batch"}) == 1
+    assert sample("sapo_trainer_batches_total", {"outcome": "duplicate"}) == 1
+    assert sample("sapo_trainer_sequence_gaps_total") == 2
+    assert bus.committed[("node-a.trainer", (TOPICS.batches, 0))] == 4
