@@ -30,10 +30,9 @@ from typing import Final, Self
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
+from sapo.clientlog import LIBRDKAFKA_LOG
+
 log = logging.getLogger(__name__)
-#: librdkafka's own log lines (connection refused, retries) go here rather than straight to stderr, so a
-#: command that reports the failure itself can quiet them.
-LIBRDKAFKA_LOG: Final = logging.getLogger("sapo.librdkafka")
 
 DEFAULT_HOST: Final = "127.0.0.1"
 #: Memory storage: nothing survives a restart, which is what tests and local swarms want.

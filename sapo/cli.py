@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from sapo.broker import DEFAULT_HOST, LIBRDKAFKA_LOG, STORAGE_URL, BrokerError, EmbeddedBroker
+from sapo.broker import DEFAULT_HOST, STORAGE_URL, BrokerError, EmbeddedBroker
+from sapo.clientlog import LIBRDKAFKA_LOG
 from sapo.conformance import cli as conformance_cli
 from sapo.identity import cli as keys_cli
 from sapo.inspect import cli as inspect_cli

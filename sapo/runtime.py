@@ -38,7 +38,7 @@ from sapo.kafka import DeadLetters, KafkaConsumerClient, KafkaPublisher, KafkaRe
 from sapo.kafka.chunks import chunk_size
 from sapo.lifecycle import StopFlag, install_signal_handlers
 from sapo.ops import Health, OpsServer, configure_logging
-from sapo.settings import ConfigError, ServiceSettings, describe, env_fields, load_settings
+from sapo.settings import ConfigError, ServiceSettings, describe, env_fields, env_prefix, load_settings
 from sapo.topics import TopicNames
 
 log = logging.getLogger(__name__)
@@ -93,9 +93,10 @@ class Runtime:
         group = consumer_group(self.settings.topic_prefix, self.settings.node_id, role)
         config = conn.to_librdkafka() | self.settings.consumer.to_librdkafka(watch=watch)
         lag = self.transport.consumer_lag
+        setting = bootstrap_setting(self.settings, swarm=swarm)
         if per_process:
-            return KafkaReaderClient(config, f"{group}.{uuid.uuid4().hex[:12]}", lag=lag)
-        return KafkaConsumerClient(config, group, lag=lag)
+            return KafkaReaderClient(config, f"{group}.{uuid.uuid4().hex[:12]}", lag=lag, setting=setting)
+        return KafkaConsumerClient(config, group, lag=lag, setting=setting)
 
     def close(self) -> None:
         self.publisher.flush(FLUSH_TIMEOUT_S)
@@ -103,6 +104,13 @@ class Runtime:
             self.swarm_publisher.flush(FLUSH_TIMEOUT_S)
         self.ops.stop()
         self.gate.close()
+
+
+def bootstrap_setting(settings: ServiceSettings, *, swarm: bool = False) -> str:
+    """The variable a service's (or its swarm cluster's) `bootstrap.servers` comes from."""
+    prefix = env_prefix(settings)
+    own = f"{prefix}KAFKA__BOOTSTRAP_SERVERS"
+    return f"{prefix}SWARM_KAFKA__BOOTSTRAP_SERVERS" if swarm and settings.swarm_kafka is not None else own
 
 
 def gate_waits(service: str, registry: CollectorRegistry) -> Histogram:
@@ -123,13 +131,26 @@ def open_gate(service: str, settings: ServiceSettings, registry: CollectorRegist
     try:
         gate = ComputeGate.open(settings.compute_gate_dir, settings.compute_gate_slots, waits.observe)
     except OSError as exc:
-        prefix = str(type(settings).model_config.get("env_prefix", ""))
+        prefix = env_prefix(settings)
         raise ConfigError(
             f"{prefix}COMPUTE_GATE_DIR={settings.compute_gate_dir}: cannot open the compute "
             f"gate's lock files ({exc.strerror or exc}); set a writable directory, or unset it for no gate"
         ) from None
     log.info("compute gate %s: %d slot(s)", settings.compute_gate_dir, gate.slots)
     return gate
+
+
+def open_ops_server(settings: ServiceSettings, registry: CollectorRegistry, health: Health) -> OpsServer:
+    """The /metrics /healthz /readyz server, listening; an address it cannot take fails the start."""
+    try:
+        return OpsServer(registry, health, settings.http_host, settings.http_port).start()
+    except OSError as exc:
+        prefix = env_prefix(settings)
+        host, port = settings.http_host, settings.http_port
+        raise ConfigError(
+            f"{prefix}HTTP_PORT={port}: cannot listen on {host}:{port} ({exc.strerror or exc}); set a "
+            f"free port (0 picks one), or {prefix}HTTP_HOST to an address of this host"
+        ) from None
 
 
 def start_runtime(service: str, settings: ServiceSettings, *, install_signals: bool = True) -> Runtime:
@@ -146,7 +167,7 @@ def start_runtime(service: str, settings: ServiceSettings, *, install_signals: b
     stop = StopFlag()
     if install_signals:
         install_signal_handlers(stop)
-    ops = OpsServer(registry, health, settings.http_host, settings.http_port).start()
+    ops = open_ops_server(settings, registry, health)
     log.info("ops server on :%d (/metrics /healthz /readyz)", ops.port)
     if settings.http_port_file is not None:
         # Written whole then renamed, so a supervisor polling for it never reads a partial number.
@@ -154,11 +175,19 @@ def start_runtime(service: str, settings: ServiceSettings, *, install_signals: b
         tmp.write_text(str(ops.port))
         tmp.rename(settings.http_port_file)
     limit = settings.max_message_bytes
-    publisher = KafkaPublisher(settings.kafka.to_librdkafka(), transport, max_message_bytes=limit)
+    setting = bootstrap_setting(settings)
+    publisher = KafkaPublisher(
+        settings.kafka.to_librdkafka(), transport, max_message_bytes=limit, setting=setting
+    )
     swarm_publisher = (
         publisher
         if settings.swarm_kafka is None
-        else KafkaPublisher(settings.swarm_connection.to_librdkafka(), transport, max_message_bytes=limit)
+        else KafkaPublisher(
+            settings.swarm_connection.to_librdkafka(),
+            transport,
+            max_message_bytes=limit,
+            setting=bootstrap_setting(settings, swarm=True),
+        )
     )
     topics = TopicNames.for_node(settings.node_id, settings.topic_prefix)
     return Runtime(
@@ -192,7 +221,7 @@ def _default(field: FieldInfo) -> str:
 
 def settings_help(settings_class: type[ServiceSettings]) -> str:
     """Every environment variable the settings class reads, with its default and description."""
-    prefix = str(settings_class.model_config.get("env_prefix", ""))
+    prefix = env_prefix(settings_class)
     rows = [
         (prefix + env, f"{_default(f)}; {f.description or ''}".rstrip("; "))
         for env, f in env_fields(settings_class).items()

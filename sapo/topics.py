@@ -6,7 +6,6 @@ Names are validated here against Apache Kafka's rules because tansu accepts name
 
 from __future__ import annotations
 
-import logging
 import re
 import time
 from collections.abc import Mapping
@@ -20,9 +19,9 @@ from confluent_kafka.admin import AdminClient
 # confluent_kafka.admin re-exports NewTopic implicitly, which mypy --strict rejects; cimpl is its home.
 from confluent_kafka.cimpl import NewTopic
 
+from sapo.clientlog import LIBRDKAFKA_LOG
+
 DEFAULT_PREFIX: Final = "sapo"
-#: The same logger as `sapo.broker.LIBRDKAFKA_LOG` (loggers are shared by name).
-LIBRDKAFKA_LOG: Final = logging.getLogger("sapo.librdkafka")
 #: Node ids appear in topic names, consumer group ids and metric labels, so they stay short and
 #: unambiguous; settings validate with the same pattern.
 NODE_ID_PATTERN: Final = r"^[a-z0-9][a-z0-9-]{0,47}$"

@@ -38,10 +38,24 @@ Headers = Mapping[str, bytes]
 M = TypeVar("M", bound=Message)
 
 
+MAX_DETAIL_CHARS: Final = 400
+"""Longest `InvalidMessageError.detail`: details quote what a sender wrote (ids, header values), which
+may be huge, and go into log lines and dead-letter headers."""
+
+
+def clip(text: str, limit: int = MAX_DETAIL_CHARS) -> str:
+    """`text`, cut to `limit` characters with a note of how many were left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
 class InvalidMessageError(ValueError):
-    """A payload that cannot be used; `reason` is a bounded label for metrics and the DLQ."""
+    """A payload that cannot be used; `reason` is a bounded label for metrics and the DLQ, `detail` is
+    clipped to `MAX_DETAIL_CHARS`."""
 
     def __init__(self, reason: str, detail: str = "") -> None:
+        detail = clip(detail)
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         self.detail = detail
@@ -191,7 +205,7 @@ def header_str(headers: Headers, name: str) -> str:
 
 def decode(cls: type[M], value: bytes | None, max_bytes: int) -> M:
     """Parse a payload of a known type; size is checked first so a huge value is never parsed."""
-    if value is None:
+    if not value:  # null (a tombstone) or zero bytes: no message of ours encodes to nothing
         raise InvalidMessageError("empty_payload")
     if len(value) > max_bytes:
         raise InvalidMessageError("oversized", f"{len(value)} bytes > {max_bytes}")

@@ -24,6 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sapo.v1",),
     (
         "sapo.wire",
+        "sapo.clientlog",
         "sapo.topics",
         "sapo.lifecycle",
         "sapo.identity",

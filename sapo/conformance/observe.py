@@ -18,11 +18,11 @@ from typing import Final, TypeVar
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
+from sapo.clientlog import LIBRDKAFKA_LOG
 from sapo.inspect.reader import TopicReader
 from sapo.kafka import Record
 from sapo.kafka.chunks import Reassembler
 from sapo.kafka.records import TopicPartition
-from sapo.topics import LIBRDKAFKA_LOG
 
 T = TypeVar("T")
 POLL_S: Final = 0.05

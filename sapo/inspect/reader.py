@@ -33,12 +33,12 @@ from typing import Final, Literal, Protocol
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
+from sapo.clientlog import LIBRDKAFKA_LOG
 from sapo.inspect.decode import Entry
 from sapo.kafka import Record
 from sapo.kafka.consumer import to_record
 from sapo.kafka.records import TopicPartition
 from sapo.lifecycle import StopFlag
-from sapo.topics import LIBRDKAFKA_LOG
 
 log = logging.getLogger(__name__)
 

@@ -11,11 +11,13 @@ Consumers reassemble (`Reassembler`): the chunks of one message arrive in order 
 partition (one producer, idempotent), possibly interleaved with other producers' messages. The
 assembled `Record` carries every chunk record in `parts`, so finishing it finishes all of their
 offsets and at-least-once delivery holds for the whole message. Memory is bounded: a message over
-`max_payload_bytes` is refused at its first chunk, and when open messages exceed `max_pending_bytes`
-the oldest one is given up. A message cut short (the producer died mid-message) never completes: it
-is given up when the same key starts again in its partition (a producer sends the message again
-under its key: a group id, a batch id) or after `stale_s` without a new chunk, so its offsets do not
-hold the partition's commits back for long. What cannot be assembled (too large, cut short, a digest
+`max_payload_bytes` is refused at its first chunk (every chunk but the last is as long as the first,
+so the first and the count bound the whole), and when open messages exceed `max_pending_bytes` the
+oldest one is given up. A message cut short (the producer died mid-message) never completes: it is
+given up when the same key starts again in its partition (a producer sends the message again under
+its key: a group id, a batch id) or after `stale_s` without a new chunk (`sweep`, which the consumer
+loop also runs when a poll returns nothing, so a quiet topic does not hold it open), so its offsets do
+not hold the partition's commits back for long. What cannot be assembled (too large, cut short, a digest
 mismatch) comes back as an `Incomplete` whose records the caller finishes, counts and dead-letters.
 
 Why chunking rather than raising limits: Apache Kafka's broker limit is about 1 MB by default, a
@@ -126,9 +128,7 @@ class Reassembler:
     def add(self, record: Record) -> Record | None:
         """The assembled message once `record` completes it, else None (the chunk is held; check
         `take_dropped` for what was given up)."""
-        now = self._clock()
-        for slot in [s for s, o in self._open.items() if now - o.last_s > self._stale_s]:
-            self._give_up(slot, "incomplete_message")
+        now = self.sweep()
         found = chunk_of(record)
         if found is None:
             return record
@@ -146,6 +146,10 @@ class Reassembler:
             for old in resent:  # the producer sends the message again: the cut-short copy is dead
                 self._give_up(old, "incomplete_message")
             current = self._open[slot] = _Open(count, record.key, now)
+            if (count - 1) * len(record.value or b"") >= self._max_payload:
+                self._open.pop(slot)
+                self.dropped.append(Incomplete("oversized", (record,)))
+                return None
         elif index != len(current.parts) or count != current.count:
             self._give_up(slot, "incomplete_message", extra=(record,))
             return None
@@ -164,6 +168,13 @@ class Reassembler:
         if len(current.parts) < current.count:
             return None
         return self._assemble(slot)
+
+    def sweep(self) -> float:
+        """Give up open messages with no new chunk for `stale_s`; returns the clock's time."""
+        now = self._clock()
+        for slot in [s for s, o in self._open.items() if now - o.last_s > self._stale_s]:
+            self._give_up(slot, "incomplete_message")
+        return now
 
     def _assemble(self, slot: tuple[TopicPartition, str]) -> Record | None:
         current = self._open.pop(slot)

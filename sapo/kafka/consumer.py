@@ -29,11 +29,13 @@ import enum
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import Final
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from prometheus_client import Gauge
 
+from sapo.clientlog import client_hooks
 from sapo.kafka.chunks import H_CHUNK, Incomplete, Reassembler, chunk_of
 from sapo.kafka.dlq import DeadLetters
 from sapo.kafka.errors import ServiceError
@@ -82,11 +84,21 @@ class TransportError(ServiceError):
 class KafkaConsumerClient:
     """`ConsumerClient` over confluent-kafka's Consumer. With `lag`, every assigned partition's unread
     messages are kept in that gauge from librdkafka's statistics (`sapo.kafka.lag`; the config's
-    `statistics.interval.ms` says how often, 0 = never)."""
+    `statistics.interval.ms` says how often, 0 = never). `setting` names where `bootstrap.servers` came
+    from, for the error an unreachable cluster logs (`sapo.clientlog`)."""
 
-    def __init__(self, config: dict[str, str], group_id: str, *, lag: Gauge | None = None) -> None:
+    def __init__(
+        self,
+        config: dict[str, str],
+        group_id: str,
+        *,
+        lag: Gauge | None = None,
+        setting: str = "bootstrap.servers",
+    ) -> None:
         self._lag = LagGauge(lag) if lag is not None else None
-        callbacks: dict[str, object] = {} if self._lag is None else {"stats_cb": self._lag.on_stats}
+        callbacks = client_hooks(config, setting)
+        if self._lag is not None:
+            callbacks["stats_cb"] = self._lag.on_stats
         self._consumer = Consumer(CONSUMER_DEFAULTS | config | {"group.id": group_id} | callbacks)
 
     def subscribe(
@@ -194,9 +206,10 @@ class KafkaReaderClient(KafkaConsumerClient):
         group_id: str,
         *,
         lag: Gauge | None = None,
+        setting: str = "bootstrap.servers",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        super().__init__(config | {"enable.auto.commit": "false"}, group_id, lag=lag)
+        super().__init__(config | {"enable.auto.commit": "false"}, group_id, lag=lag, setting=setting)
         self._clock = clock
         self._topics: list[str] = []
         self._on_assign: AssignHook | None = None
@@ -287,6 +300,9 @@ class Disposition(enum.Enum):
     HELD = "held"  # the owner finishes it later with ConsumerLoop.finish()
 
 
+_PARTIAL: Final = frozenset({"oversized", "evicted_incomplete"})
+"""Reasons a message is given up before its last chunk was read: its later chunks are skipped."""
+
 Handler = Callable[[Record], Disposition]
 Prefilter = Callable[[Record], str | None]
 
@@ -333,7 +349,9 @@ class ConsumerLoop:
         # Open messages may hold a few payloads' worth: enough for interleaved producers, still bounded.
         self._reassembler = Reassembler(max_payload_bytes, 4 * max_payload_bytes)
         self._skipping: dict[tuple[TopicPartition, str], str] = {}
-        """Chunked messages the prefilter refused by their first chunk, and why."""
+        """Chunked messages refused before their last chunk (by the prefilter on their first chunk's
+        headers, or given up as too large), and why: their later chunks are finished, not reported
+        again."""
         self.assigned: set[TopicPartition] = set()
         self.last_poll_monotonic = time.monotonic()
         self.handled = 0
@@ -365,6 +383,10 @@ class ConsumerLoop:
         record = self._client.poll(self._poll_timeout_s if timeout_s is None else timeout_s)
         self.last_poll_monotonic = time.monotonic()
         if record is None:
+            if self._reassembler.has_open:
+                self._reassembler.sweep()
+                for incomplete in self._reassembler.take_dropped():
+                    self._drop(incomplete)
             if self._on_idle is not None:
                 self._on_idle()
         else:
@@ -436,13 +458,13 @@ class ConsumerLoop:
             self.finish(assembled)
 
     def _skipped_chunk(self, record: Record) -> bool:
-        """Finish a chunk of a message the prefilter refused by its first chunk; True when it was one."""
+        """Finish a chunk of a message refused before its last chunk; True when it was one."""
         chunk = chunk_of(record)
-        if chunk is None or self._prefilter is None:
+        if chunk is None:
             return False
         index, count, message_id = chunk
         slot = (record.tp, message_id)
-        if index == 0 and (reason := self._prefilter(record)) is not None:
+        if index == 0 and self._prefilter is not None and (reason := self._prefilter(record)) is not None:
             self._metrics.rejected.inc(reason)
             self._skipping[slot] = reason
         if slot not in self._skipping:
@@ -468,6 +490,9 @@ class ConsumerLoop:
             self._dead_letters.send(first, incomplete.reason, f"{len(incomplete.parts)} chunk(s) given up")
         for part in incomplete.parts:
             self.finish(part)
+        last = chunk_of(incomplete.parts[-1])
+        if incomplete.reason in _PARTIAL and last is not None and last[0] < last[1] - 1:
+            self._skipping[(first.tp, last[2])] = incomplete.reason  # one message, one rejection
 
     def _reject(self, record: Record, exc: InvalidMessageError) -> None:
         log.warning("rejected %s/%d/%d: %s", record.topic, record.partition, record.offset, exc)

@@ -4,7 +4,7 @@ per consumer group, the same `Publisher` / `ConsumerClient` interfaces as the Ka
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from sapo.kafka.chunks import chunk_size, split
 from sapo.kafka.records import AssignHook, Header, OffsetPosition, Record, RevokeHook, TopicPartition
@@ -56,6 +56,8 @@ class MemoryPublisher:
         value: bytes,
         headers: Sequence[Header] = (),
         timeout_s: float = 30.0,
+        *,
+        cancel: Callable[[], bool] | None = None,
     ) -> tuple[int, int]:
         acks = [
             self._bus.append(topic, key, piece, h) for piece, h in split(value, headers, self._chunk_bytes)

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message
 from confluent_kafka import Producer as _Producer
 
+from sapo.clientlog import client_hooks
 from sapo.kafka.chunks import chunk_size, split
 from sapo.kafka.errors import BackpressureTimeoutError, DeliveryError, ProduceError, error_kind
 from sapo.kafka.metrics import TransportMetrics
@@ -53,9 +54,12 @@ class KafkaPublisher:
         metrics: TransportMetrics | None = None,
         queue_full_timeout_s: float = 30.0,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        setting: str = "bootstrap.servers",
     ) -> None:
+        """`setting` names where `bootstrap.servers` came from, for the error an unreachable cluster
+        logs (`sapo.clientlog`)."""
         limits = {"message.max.bytes": str(max_message_bytes)}
-        self._producer = _Producer(PRODUCER_DEFAULTS | limits | config)
+        self._producer = _Producer(PRODUCER_DEFAULTS | limits | config | client_hooks(config, setting))
         self._chunk_bytes = chunk_size(max_message_bytes)
         self._metrics = metrics
         self._queue_full_timeout_s = queue_full_timeout_s
@@ -134,8 +138,11 @@ class KafkaPublisher:
         value: bytes,
         headers: Sequence[Header] = (),
         timeout_s: float = 30.0,
+        *,
+        cancel: Callable[[], bool] | None = None,
     ) -> tuple[int, int]:
-        """Send and wait for every chunk's acknowledgement; (partition, offset) of the last one."""
+        """Send and wait for every chunk's acknowledgement; (partition, offset) of the last one. The
+        wait ends early, raising `DeliveryError`, once `cancel()` holds."""
         pieces = split(value, headers, self._chunk_bytes)
         result: list[tuple[KafkaError | None, Message]] = []
 
@@ -147,6 +154,8 @@ class KafkaPublisher:
             self._produce(topic, key, piece, piece_headers, on_delivery)
         deadline = time.monotonic() + timeout_s
         while len(result) < len(pieces) and time.monotonic() < deadline:
+            if cancel is not None and cancel():
+                raise DeliveryError(f"stopped waiting for the acknowledgement from {topic}")
             self._producer.poll(0.05)
         if len(result) < len(pieces):
             raise DeliveryError(f"no acknowledgement from {topic} within {timeout_s}s")

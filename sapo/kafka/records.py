@@ -92,8 +92,11 @@ class Publisher(Protocol):
         value: bytes,
         headers: Sequence[Header] = (),
         timeout_s: float = 30.0,
+        *,
+        cancel: Callable[[], bool] | None = None,
     ) -> tuple[int, int]:
-        """Send and wait for the broker's acknowledgement; returns (partition, offset)."""
+        """Send and wait for the broker's acknowledgement; returns (partition, offset). A wait that
+        `cancel()` ends (a stop asked for) raises `DeliveryError` like one that timed out."""
 
     def flush(self, timeout_s: float) -> int:
         """Wait for queued messages; returns how many are still undelivered."""

@@ -200,6 +200,8 @@ class Lease:
             try:
                 self._write(epoch=0)
             except ProduceError as exc:  # the broker is away (restarting, say): ask again when it is back
+                if self._stop.is_set():
+                    break
                 log.warning("asking for the %s lease was not acknowledged (%s); again", self._role, exc)
                 self._stop.wait(min(1.0, self._ttl_s / 3))
                 continue
@@ -288,7 +290,12 @@ class Lease:
         )
         value = lease.SerializeToString()
         headers = message_headers("Lease", self._node_id, value)
-        self._publisher.send_sync(self._topic, self._role.encode(), value, headers, timeout_s=self._ttl_s / 3)
+        # A stop ends the wait for an acquisition or a renewal (the broker may be out of reach: the
+        # process should not sit out ttl / 3), never for the release, which is written after the stop.
+        cancel = None if released else self._stop.is_set
+        self._publisher.send_sync(
+            self._topic, self._role.encode(), value, headers, timeout_s=self._ttl_s / 3, cancel=cancel
+        )
         self._renewed_s = sent_s
 
     def _read(self, record: Record) -> Disposition:

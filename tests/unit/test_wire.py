@@ -70,6 +70,7 @@ def test_newer_minor_schema_decodes_and_unknown_fields_survive() -> None:
     ("value", "reason"),
     [
         (None, "empty_payload"),
+        (b"", "empty_payload"),  # zero bytes parse as a message of defaults: schema_version 0
         (b"\xff\xff\xff\xff", "undecodable"),
         (b"x" * 2048, "oversized"),
     ],
@@ -160,3 +161,12 @@ def test_a_missing_or_later_facts_header_is_no_claim() -> None:
     assert wire.read_facts({}) is None
     assert wire.read_facts({wire.H_FACTS: b"f2;whatever it says"}) is None
     assert wire.facts_problem(group, {wire.H_FACTS: b"f2;whatever it says"}) is None
+
+
+def test_a_rejection_quotes_at_most_a_bounded_detail() -> None:
+    """Details quote what a sender wrote (a 300 KB node id header, say) into log lines and headers."""
+    error = wire.InvalidMessageError("identity_mismatch", "sent by " + "n" * 300_000)
+    assert len(error.detail) < wire.MAX_DETAIL_CHARS + 40
+    assert error.detail.endswith(f"... ({300_008 - wire.MAX_DETAIL_CHARS} more characters)")
+    assert str(error) == f"identity_mismatch: {error.detail}"
+    assert wire.InvalidMessageError("oversized", "2048 bytes > 1024").detail == "2048 bytes > 1024"

@@ -78,11 +78,13 @@ def test_a_message_sent_again_under_its_key_gives_up_the_cut_short_copy() -> Non
 def test_oversized_and_stale_messages_are_given_up() -> None:
     now = [0.0]
     reassembler = Reassembler(15, 1000, stale_s=60, clock=lambda: now[0])
-    for record in records(split(os.urandom(25), [], 10), b"k")[:2]:
-        reassembler.add(record)
-    assert [d.reason for d in reassembler.take_dropped()] == ["oversized"]
-    reassembler.add(records(split(os.urandom(12), [], 10), b"j")[0])
-    now[0] = 61.0
+    first = records(split(os.urandom(25), [], 10), b"k")[0]
+    assert reassembler.add(first) is None  # 3 chunks of 10 bytes: at least 21 bytes, refused at once
+    assert [(d.reason, d.parts) for d in reassembler.take_dropped()] == [("oversized", (first,))]
+    big_last = records(split(os.urandom(14), [], 10), b"m")  # within the bound at its first chunk
+    reassembler.add(big_last[0])
+    assert reassembler.take_dropped() == []
+    now[0] = 61.0  # and then nothing: its producer died
     reassembler.add(Record("t", 0, 50, b"x", b"plain", {}))
     assert [d.reason for d in reassembler.take_dropped()] == ["incomplete_message"]
     assert reassembler.pending_bytes == 0
@@ -173,4 +175,35 @@ def test_a_whole_message_gives_up_a_stale_open_one_in_the_loop() -> None:
     loop.commit()
     assert consumer.values() == [b"later"]
     assert bus.committed[("g", ("t", 0))] == 2
+    assert [r.headers["sapo-dlq-reason"] for r in bus.topics["dlq"]] == [b"incomplete_message"]
+
+
+def test_an_oversized_message_is_refused_once_and_all_its_chunks_are_committed() -> None:
+    bus = MemoryBus()
+    for value, headers in split(os.urandom(25), [], 10):
+        bus.append("t", b"big", value, headers)
+    bus.append("t", b"small", b"fits", [])
+    consumer = Collecting(bus, MemoryPublisher(bus))
+    consumer.loop._reassembler = Reassembler(15, 1000)
+    assert consumer.loop.run(idle_timeout_s=0.0) == 4
+    assert consumer.values() == [b"fits"]
+    assert [r.headers["sapo-dlq-reason"] for r in bus.topics["dlq"]] == [b"oversized"]  # not twice
+    assert bus.committed[("g", ("t", 0))] == 4
+
+
+def test_a_lone_chunk_on_a_quiet_topic_is_given_up_by_an_empty_poll() -> None:
+    """Nothing follows the first chunk (its producer died): the stale message must not hold the
+    partition's commits until some other record arrives."""
+    bus = MemoryBus()
+    bus.append("t", b"a", *split(os.urandom(25), [], 10)[0])
+    consumer = Collecting(bus, MemoryPublisher(bus))
+    loop = consumer.loop
+    now = [0.0]
+    loop._reassembler = Reassembler(1000, 1000, stale_s=60, clock=lambda: now[0])
+    loop.open()
+    assert loop.step() and loop.pending_count() == 1
+    now[0] = 61.0
+    assert not loop.step()  # nothing to read: the sweep still runs
+    loop.commit()
+    assert bus.committed[("g", ("t", 0))] == 1
     assert [r.headers["sapo-dlq-reason"] for r in bus.topics["dlq"]] == [b"incomplete_message"]
