@@ -16,7 +16,7 @@ import typing
 from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Self, TypeVar
+from typing import Any, Final, Self, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -229,7 +229,7 @@ class PeerMetricsSettings(BaseModel):
         le=256,
         description="Peers with their own `peer` label in the per-peer contribution metrics: the first "
         "this many peers whose groups this node used, for the life of the process; every other peer is "
-        'counted under peer="other" (the node\'s own id always has its label). Bounds the series '
+        'counted under peer="_other" (the node\'s own id always has its label). Bounds the series '
         "count; `sapo report` has every peer.",
     )
 
@@ -256,7 +256,11 @@ class ServiceSettings(BaseSettings):
     http_port_file: Path | None = Field(
         None, description="Write the bound port here (for supervisors that start services with port 0)."
     )
-    log_level: str = Field("INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$", description="Log level.")
+    log_level: str = Field(
+        "INFO",
+        pattern=r"^(DEBUG|INFO|WARNING|ERROR|debug|info|warning|error)$",
+        description="Log level (either case).",
+    )
     log_format: LogFormat = Field(LogFormat.JSON, description="json for clusters, text for terminals.")
     cpu_slice_ms: float = Field(
         DEFAULT_SLICE_MS,
@@ -309,6 +313,11 @@ class ServiceSettings(BaseSettings):
         working directory)."""
         return None if value == "" else value
 
+    @field_validator("log_level", mode="after")
+    @classmethod
+    def _level_name(cls, value: str) -> str:
+        return value.upper()  # the name `logging` knows
+
     @property
     def swarm_connection(self) -> KafkaConnection:
         return self.swarm_kafka or self.kafka
@@ -346,7 +355,7 @@ def env_fields(model: type[BaseModel], prefix: str = "") -> dict[str, FieldInfo]
 def unknown_env(cls: type[BaseSettings], environ: Mapping[str, str]) -> list[str]:
     """Variables with the class's prefix that name no field: pydantic-settings ignores them silently,
     so a misspelled setting would otherwise run with its default."""
-    prefix = str(cls.model_config.get("env_prefix", ""))
+    prefix = env_prefix(cls)
     if not prefix:
         return []
     fields = set(cls.model_fields)
@@ -370,11 +379,17 @@ def _near(unknown: list[str], prefix_len: int, cls: type[BaseSettings]) -> list[
     return out
 
 
+def env_prefix(settings: BaseSettings | type[BaseSettings]) -> str:
+    """The prefix of a settings class's environment variables (`SAPO_SAMPLER_`)."""
+    cls = settings if isinstance(settings, type) else type(settings)
+    return str(cls.model_config.get("env_prefix", ""))
+
+
 def load_settings(cls: type[S], **overrides: Any) -> S:
     """Build settings from the environment (and overrides), or exit with every problem and what to set."""
     unknown = unknown_env(cls, os.environ)
     if unknown:
-        prefix = cls.model_config.get("env_prefix", "")
+        prefix = env_prefix(cls)
         names = [f"{prefix}{f.upper()}" for f in cls.model_fields]
         hints = "".join(
             f"\n  {name}: did you mean {prefix}{close}?" for name, close in _near(unknown, len(prefix), cls)
@@ -385,13 +400,21 @@ def load_settings(cls: type[S], **overrides: Any) -> S:
     try:
         return cls(**overrides)
     except ValidationError as exc:
-        prefix = str(cls.model_config.get("env_prefix", ""))
+        prefix = env_prefix(cls)
         lines = [f"invalid configuration for {cls.__name__}:"]
         for err in exc.errors():
             path = "__".join(str(p) for p in err["loc"]).upper()
             env = f"{prefix}{path}" if path else prefix + "*"
-            lines.append(f"  {env}: {err['msg']} ({_shown_input(cls, err['loc'], err.get('input'))})")
+            hint = _COLLECTION_HINTS.get(err["type"], "") if isinstance(err.get("input"), str) else ""
+            lines.append(f"  {env}: {err['msg']} ({_shown_input(cls, err['loc'], err.get('input'))}){hint}")
         raise ConfigError("\n".join(lines)) from None
+
+
+_COLLECTION_HINTS: Final = {
+    kind: '; a variable holding a list is JSON, e.g. ["a", "b"]'
+    for kind in ("list_type", "set_type", "frozen_set_type", "tuple_type")
+} | {"dict_type": '; a variable holding a mapping is JSON, e.g. {"key": "value"}'}
+"""What an error about a collection adds when it was given plain text: the environment's format."""
 
 
 def _shown_input(model: type[BaseModel], loc: tuple[int | str, ...], value: Any) -> str:

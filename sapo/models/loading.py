@@ -25,7 +25,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from sapo.models.bundled import BUNDLED_REF, bundled_model_dir
-from sapo.models.hub import require_local
+from sapo.models.hub import ModelUnavailableError, require_local
 from sapo.models.refs import is_project_ref, project_tokenizer, ref_kind
 from sapo.models.tiny import build_tiny_model, parse_tiny_ref
 from sapo.models.warm import warm_model_dir
@@ -65,13 +65,19 @@ def load_model(
     return _placed(model, dtype, device), tokenizer
 
 
-def require_loadable(model_ref: str) -> None:
+def require_loadable(model_ref: str, setting: str = "") -> None:
     """Fail now, saying what to set, when ``model_ref`` is a Hugging Face id or path that is not on this
     machine (`sapo.models.hub`); the project's own and the bundled models always are. Services call it
-    before anything slow (a lease, a model load), so a missing model fails at start."""
+    before anything slow (a lease, a model load), so a missing model fails at start; `setting` is the
+    variable the reference came from, named first in the error."""
     if model_ref.startswith("bundled:") or is_project_ref(model_ref):
         return
-    require_local(model_ref)
+    try:
+        require_local(model_ref)
+    except ModelUnavailableError as exc:
+        if not setting:
+            raise
+        raise ModelUnavailableError(f"{setting}: {exc}") from None
 
 
 def _placed(model: PreTrainedModel, dtype: torch.dtype, device: str | torch.device) -> PreTrainedModel:

@@ -55,7 +55,7 @@ from sapo.node.metrics import GeneratorMetrics
 from sapo.node.policy import WEIGHTS_OK, PolicyFollower
 from sapo.ops import Health
 from sapo.runtime import Runtime
-from sapo.settings import ConfigError
+from sapo.settings import ConfigError, env_prefix
 from sapo.tasks import MAX_POSITION, QuestionRecord, TaskStream
 from sapo.topics import TopicNames
 from sapo.v1 import rollout_pb2, work_pb2
@@ -138,7 +138,7 @@ class GeneratorService:
             signer = settings.identity.signer()
         except IdentityError as exc:
             raise ConfigError(f"SAPO_GENERATOR_IDENTITY: {exc}") from None
-        require_loadable(settings.model)
+        require_loadable(settings.model, f"{env_prefix(settings)}MODEL")
         return signer
 
     @classmethod

@@ -50,6 +50,7 @@ from sapo.node.planner import WorkPlanner
 from sapo.node.quarantine import AttemptLog, is_poison, next_attempt
 from sapo.ops import Health
 from sapo.runtime import Runtime
+from sapo.settings import env_prefix
 from sapo.topics import TopicNames
 from sapo.trainer import StepReport, Trainer, step_metrics
 from sapo.trainer.settings import TrainerSettings
@@ -158,13 +159,13 @@ class TrainerService:
     def preflight(settings: TrainerSettings) -> None:
         """The model is on this machine: checked before any connection opens, so a missing one fails at
         start with what to set."""
-        require_loadable(settings.model)
+        require_loadable(settings.model, f"{env_prefix(settings)}MODEL")
 
     @classmethod
     def from_runtime(cls, settings: TrainerSettings, runtime: Runtime) -> Self | None:
         """Take the node's trainer lease (a standby waits), load the model, resume (or write version 0)
         and announce it: ready to consume. None when stopped while waiting for the lease."""
-        require_loadable(settings.model)  # a model that is not on this machine fails before the lease
+        cls.preflight(settings)  # a model that is not on this machine fails before the lease
         lease = node_lease(runtime, settings, SERVICE)
         if not lease.acquire():  # resume reads the store only once no other trainer writes it
             return None

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
+from prometheus_client import CollectorRegistry
 from pydantic_settings import SettingsConfigDict
 
+from sapo.ops import Health
+from sapo.runtime import open_ops_server
+from sapo.sampler.settings import SamplerSettings
 from sapo.settings import (
     ConfigError,
     ConsumerProfile,
@@ -103,3 +109,34 @@ def test_watching_consumers_fetch_at_their_own_wait(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("SAPO_DEMO_CONSUMER__WATCH_FETCH_WAIT_MAX_MS", "0")
     with pytest.raises(ConfigError, match=r"WATCH_FETCH_WAIT_MAX_MS|watch_fetch_wait_max_ms"):
         load_settings(DemoSettings)
+
+
+def test_an_ops_port_in_use_fails_the_start_naming_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SAPO_DEMO_NODE_ID", "n")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        monkeypatch.setenv("SAPO_DEMO_HTTP_HOST", "127.0.0.1")
+        monkeypatch.setenv("SAPO_DEMO_HTTP_PORT", str(port))
+        settings = load_settings(DemoSettings)
+        with pytest.raises(ConfigError) as error:
+            open_ops_server(settings, CollectorRegistry(), Health())
+    message = str(error.value)
+    assert message.startswith(f"SAPO_DEMO_HTTP_PORT={port}: cannot listen on 127.0.0.1:{port}")
+    assert "0 picks one" in message and "SAPO_DEMO_HTTP_HOST" in message
+
+
+def test_log_level_in_either_case_and_a_list_given_as_plain_text_says_json(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SAPO_SAMPLER_NODE_ID", "n")
+    monkeypatch.setenv("SAPO_SAMPLER_LOG_LEVEL", "debug")
+    assert load_settings(SamplerSettings).log_level == "DEBUG"
+    monkeypatch.setenv("SAPO_SAMPLER_ACCEPTED_TASKS", "calendar_arithmetic")
+    with pytest.raises(ConfigError) as error:
+        load_settings(SamplerSettings)
+    assert "SAPO_SAMPLER_ACCEPTED_TASKS" in str(error.value)
+    assert 'a variable holding a list is JSON, e.g. ["a", "b"]' in str(error.value)
+    monkeypatch.setenv("SAPO_SAMPLER_ACCEPTED_TASKS", '["calendar_arithmetic"]')
+    assert load_settings(SamplerSettings).accepted_tasks == frozenset({"calendar_arithmetic"})

@@ -83,3 +83,9 @@ def test_a_missing_directory_or_a_malformed_id_is_named() -> None:
         require_local("/models/absent")
     with pytest.raises(ModelUnavailableError, match="neither a local directory nor a Hugging Face id"):
         require_local("a/b/c")
+
+
+def test_a_service_names_the_variable_a_model_it_cannot_load_came_from() -> None:
+    with pytest.raises(ModelUnavailableError) as error:
+        require_loadable("nosuch:model", "SAPO_GENERATOR_MODEL")
+    assert str(error.value).startswith("SAPO_GENERATOR_MODEL: model 'nosuch:model' is neither a local")
