@@ -75,9 +75,14 @@ _LOGGED_BY_LIBRDKAFKA: Final = frozenset({KafkaError._TRANSPORT, KafkaError._RES
 """Errors librdkafka's own log line already says (a refused connect, an unknown host name)."""
 
 
+_LOGGED: dict[tuple[str, int], float] = {}
+"""When each (bootstrap servers, error code) was last logged, shared by the clients of a process: a
+service's producer and consumers find a cluster out of reach together, and one line says it."""
+
+
 class ClientErrors:
     """A client's `error_cb`: brokers out of reach as one ERROR line naming `setting`; other errors as
-    warnings; both once per kind per `interval_s`."""
+    warnings; both once per cluster and kind per `interval_s` (`logged`: when each was last logged)."""
 
     def __init__(
         self,
@@ -86,22 +91,23 @@ class ClientErrors:
         *,
         interval_s: float = REPEAT_INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
+        logged: dict[tuple[str, int], float] | None = None,
     ) -> None:
         self._bootstrap = bootstrap
         self._setting = setting
         self._interval_s = interval_s
         self._clock = clock
-        self._last: dict[int, float] = {}
+        self._logged = _LOGGED if logged is None else logged
 
     def __call__(self, err: KafkaError) -> None:
         code = err.code()
         if code in _LOGGED_BY_LIBRDKAFKA:
             return
         now = self._clock()
-        last = self._last.get(code)
+        last = self._logged.get((self._bootstrap, code))
         if last is not None and now - last < self._interval_s:
             return
-        self._last[code] = now
+        self._logged[(self._bootstrap, code)] = now
         if code == KafkaError._ALL_BROKERS_DOWN:
             log.error(
                 "no Kafka broker reachable at %s (%s): check %s and that the brokers are up and "

@@ -290,9 +290,10 @@ class Lease:
         )
         value = lease.SerializeToString()
         headers = message_headers("Lease", self._node_id, value)
-        # A stop ends the wait for an acquisition or a renewal (the broker may be out of reach: the
-        # process should not sit out ttl / 3), never for the release, which is written after the stop.
-        cancel = None if released else self._stop.is_set
+        # A stop ends the wait for an acquisition (the broker may be out of reach: a process that holds
+        # nothing should not sit out ttl / 3), never for a renewal or the release: a holder that was
+        # asked to stop still renews while it writes its final state, then releases.
+        cancel = self._stop.is_set if epoch == 0 and not released else None
         self._publisher.send_sync(
             self._topic, self._role.encode(), value, headers, timeout_s=self._ttl_s / 3, cancel=cancel
         )

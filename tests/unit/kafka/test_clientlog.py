@@ -54,12 +54,17 @@ def test_line_kinds_ignore_numbers_only() -> None:
 
 def test_an_unreachable_cluster_is_one_error_naming_the_setting(caplog: pytest.LogCaptureFixture) -> None:
     clock = _Clock()
-    errors = ClientErrors("kafka:9092", "SAPO_SAMPLER_KAFKA__BOOTSTRAP_SERVERS", clock=clock)
+    logged: dict[tuple[str, int], float] = {}
+    errors = ClientErrors("kafka:9092", "SAPO_SAMPLER_KAFKA__BOOTSTRAP_SERVERS", clock=clock, logged=logged)
+    other_client = ClientErrors(
+        "kafka:9092", "SAPO_SAMPLER_KAFKA__BOOTSTRAP_SERVERS", clock=clock, logged=logged
+    )
     down = KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down")
     with caplog.at_level(logging.WARNING, logger="sapo.clientlog"):
         for step in range(10):
             clock.now = step * 10.0
             errors(down)
+            other_client(down)  # the same cluster: the same line, not twice
             errors(KafkaError(KafkaError._TRANSPORT, "Connection refused"))  # librdkafka logs it itself
         errors(KafkaError(KafkaError._MSG_TIMED_OUT, "timed out"))
     messages = [(r.levelname, r.getMessage()) for r in caplog.records]

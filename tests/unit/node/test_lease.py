@@ -140,3 +140,45 @@ def test_asking_for_the_lease_while_the_broker_is_away_retries_until_it_answers(
     candidate = lease(bus, clock, "a", publisher)
     assert candidate.acquire()
     assert publisher.refusals == 0 and candidate.epoch > 0
+
+
+def test_a_stop_cuts_short_only_the_wait_to_acquire_never_a_renewal_or_the_release() -> None:
+    """A process asked to stop while its broker is out of reach should not sit out the acknowledgement
+    timeout for a lease it does not hold; a holder asked to stop still renews while it writes its final
+    state, and releases."""
+    bus, clock = MemoryBus(), Clock()
+
+    class Silent(MemoryPublisher):
+        """Never acknowledges what it may give up on (a cancellable wait), until told to."""
+
+        answering = False
+        waits: list[bool] = []
+
+        def send_sync(self, *args: object, **kwargs: object) -> tuple[int, int]:
+            cancel = kwargs.get("cancel")
+            self.waits.append(cancel is not None)
+            if callable(cancel) and not self.answering:
+                while not cancel():
+                    threading.Event().wait(0.01)
+                raise DeliveryError("stopped waiting for the acknowledgement")
+            return super().send_sync(*args, **kwargs)  # type: ignore[arg-type]
+
+    publisher = Silent(bus)
+    candidate = lease(bus, clock, "a", publisher)
+    thread = acquire_in_background(candidate)
+    while not publisher.waits:
+        threading.Event().wait(0.01)
+    candidate._stop.set()
+    thread.join(30)
+    assert not thread.is_alive() and candidate.epoch == 0  # gave up asking, holds nothing
+
+    holder = lease(bus, clock, "b", publisher)
+    publisher.answering = True
+    assert holder.acquire()
+    publisher.answering = False
+    holder._stop.set()
+    publisher.waits.clear()
+    holder._renew()
+    holder.release()
+    assert publisher.waits == [False, False]  # neither could be cut short
+    assert holder.holder is not None and holder.epoch == 0
