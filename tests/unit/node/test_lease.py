@@ -4,6 +4,7 @@ and a holder fenced by a newer acquisition or unable to renew."""
 from __future__ import annotations
 
 import threading
+from typing import ClassVar
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -152,7 +153,7 @@ def test_a_stop_cuts_short_only_the_wait_to_acquire_never_a_renewal_or_the_relea
         """Never acknowledges what it may give up on (a cancellable wait), until told to."""
 
         answering = False
-        waits: list[bool] = []
+        waits: ClassVar[list[bool]] = []
 
         def send_sync(self, *args: object, **kwargs: object) -> tuple[int, int]:
             cancel = kwargs.get("cancel")
