@@ -246,6 +246,7 @@ class TrainerService:
             self.trainer.note_offset(record.tp, record.offset + 1)
             return Disposition.DONE
         if self.trainer.is_late(batch):
+            self.trainer.note_offset(record.tp, record.offset + 1)  # a restart need not refuse it again
             raise InvalidMessageError(
                 "late_batch",
                 f"batch {batch.batch_id} (sequence {batch.sequence}) arrived after sequence "
