@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -33,6 +34,9 @@ from fsspec.implementations.local import LocalFileSystem
 from sapo.digests import Hashing, new_hasher
 
 CHUNK = 16 * 1024 * 1024
+MAX_SMALL_FILE_BYTES = 16 * 1024 * 1024
+"""Largest file `read_bytes` takes whole: a manifest lists a few dozen files in a few kilobytes; a
+location an announcement names is not trusted to be one."""
 
 
 class CheckpointError(RuntimeError):
@@ -127,17 +131,33 @@ def write_file(
     return FileEntry(name, sink.hexdigest(), sink.bytes)
 
 
-def read_bytes(target: Location) -> bytes:
-    """A small file whole (a manifest); CheckpointError(missing / unavailable) when it cannot be read."""
+def read_bytes(target: Location, max_bytes: int = MAX_SMALL_FILE_BYTES) -> bytes:
+    """A small file whole (a manifest); CheckpointError missing / unavailable when it cannot be read
+    (yet), malformed when it is no regular file (a directory, a FIFO that would block the reader for
+    good, a device) or larger than `max_bytes`."""
     target.forget_listings()
     try:
+        if target.local:
+            require_regular(target.path)
         with target.fs.open(target.path, "rb") as fh:
-            data: bytes = fh.read()
-            return data
+            data: bytes = fh.read(max_bytes + 1)
+    except CheckpointError:
+        raise
     except FileNotFoundError:
         raise CheckpointError("missing", f"{target.uri()} does not exist (yet)") from None
     except Exception as exc:  # any failure of a remote store is a store being unavailable
         raise CheckpointError("unavailable", f"cannot read {target.uri()}: {exc!r}") from None
+    if len(data) > max_bytes:
+        raise CheckpointError("malformed", f"{target.uri()} is larger than the {max_bytes} bytes it may have")
+    return data
+
+
+def require_regular(path: str) -> None:
+    """Raise CheckpointError(malformed) unless `path` is a regular file (stat, which never blocks:
+    opening a FIFO for reading would wait for a writer)."""
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        raise CheckpointError("malformed", f"{Path(path).as_uri()} is not a regular file")
 
 
 def read_verified(directory: Location, entry: FileEntry, algorithm: str) -> bytearray | mmap.mmap:
@@ -170,6 +190,7 @@ def _check_size(uri: str, size: int, entry: FileEntry) -> None:
 
 def _read_local(path: str, entry: FileEntry, algorithm: str) -> tuple[bytearray | mmap.mmap, str]:
     hasher = new_hasher(algorithm)
+    require_regular(path)
     with open(path, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
         _check_size(path, size, entry)

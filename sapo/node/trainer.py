@@ -245,6 +245,14 @@ class TrainerService:
             self.metrics.batches.labels("duplicate").inc()
             self.trainer.note_offset(record.tp, record.offset + 1)
             return Disposition.DONE
+        gap = int(batch.sequence) - self.trainer.state.next_sequence
+        if gap > self.settings.max_sequence_gap:
+            raise InvalidMessageError(
+                "sequence_gap_too_large",
+                f"batch {batch.batch_id} (sequence {batch.sequence}) is {gap} ahead of the next expected "
+                f"sequence {self.trainer.state.next_sequence}, more than SAPO_TRAINER_MAX_SEQUENCE_GAP="
+                f"{self.settings.max_sequence_gap}",
+            )
         if self.trainer.is_late(batch):
             self.trainer.note_offset(record.tp, record.offset + 1)  # a restart need not refuse it again
             raise InvalidMessageError(

@@ -139,6 +139,15 @@ class TrainerSettings(
         description="Attempts at one batch's step (counted across restarts) before the batch is "
         "quarantined: dead-lettered as poison_batch and the version advanced without training it.",
     )
+    max_sequence_gap: int = Field(
+        10_000,
+        ge=1,
+        le=2**62,
+        description="A batch more than this many sequences ahead of the next expected one is refused "
+        "(dead-lettered as sequence_gap_too_large) rather than trained: trained, one batch with a wild "
+        "sequence would make every later batch of the node's sampler late. Smaller gaps (batches lost "
+        "upstream) are trained and counted.",
+    )
     checkpoint_every: int = Field(
         1,
         ge=1,

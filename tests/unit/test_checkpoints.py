@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -245,3 +246,24 @@ def test_a_version_with_a_torn_manifest_is_rewritten(store_url: str) -> None:
     again = store.publish("n1", 1, _state(0), base_model="tiny:0")
     assert again.outcome == "written" and again.written is not None
     assert load_weights(again.written.manifest, again.written.directory)["layer.weight"].shape == (4, 4)
+
+
+def test_a_location_that_is_no_small_regular_file_is_malformed_not_a_hang(tmp_path: Path) -> None:
+    """An announcement names where its manifest is; a FIFO there would block the reader for good, a
+    device or a huge file would fill its memory."""
+    fifo = tmp_path / "manifest.json"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.json"
+    big.write_bytes(b"{" * 2048)
+    for target, says in (
+        (fifo, "not a regular file"),
+        (tmp_path, "not a regular file"),
+        (big, "larger than"),
+    ):
+        with pytest.raises(storage.CheckpointError, match=says) as error:
+            storage.read_bytes(storage.location(target), max_bytes=1024)
+        assert error.value.reason == "malformed"
+    assert storage.read_bytes(storage.location(big), max_bytes=2048) == b"{" * 2048
+    with pytest.raises(storage.CheckpointError) as missing:
+        storage.read_bytes(storage.location(tmp_path / "absent.json"))
+    assert missing.value.reason == "missing"  # may appear later: retried

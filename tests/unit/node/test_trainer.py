@@ -261,3 +261,19 @@ def test_a_batch_that_arrives_after_a_later_one_is_refused_as_late_not_called_a_
     assert sample("sapo_trainer_batches_total", {"outcome": "duplicate"}) == 1
     assert sample("sapo_trainer_sequence_gaps_total") == 2
     assert bus.committed[("node-a.trainer", (TOPICS.batches, 0))] == 4
+
+
+def test_a_batch_with_a_wild_sequence_is_refused_so_the_node_keeps_training(tmp_path: Path) -> None:
+    """Trained, sequence 2**63 - 1 would make every later batch of the sampler late: the node wedged."""
+    bus = MemoryBus()
+    for seq in (0, 2**63 - 1, 1, 1 + 10_000):
+        _publish(bus, b.training_batch(seq, []))
+    service, registry = _service(bus, tmp_path)
+    service.start()
+    service.run(idle_timeout_s=0.0)
+
+    assert [(e.version, e.sequence) for e in service.trainer.state.ledger] == [(1, 0), (2, 1), (3, 10_001)]
+    [wild] = bus.topics[TOPICS.dlq]
+    assert wild.headers["sapo-dlq-reason"] == b"sequence_gap_too_large"
+    assert b"SAPO_TRAINER_MAX_SEQUENCE_GAP=10000" in wild.headers["sapo-dlq-detail"]
+    assert registry.get_sample_value("sapo_trainer_sequence_gaps_total") == 9_999  # the largest gap allowed
