@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, Self
 
@@ -67,6 +68,8 @@ MODEL_LOADED = "model_loaded"
 _WAIT_POLL_S = 0.5
 _DRAIN = 4096
 _WARN_EVERY_S = 60.0
+_FINISHED_MEMORY = 16_384
+"""Items this replica published, remembered (newest) so that a copy arriving later is not sampled again."""
 
 
 class Held(NamedTuple):
@@ -114,6 +117,7 @@ class GeneratorService:
         self._stream = TaskStream(settings.task_profile(), self._source.node_seed, "train")
         self._signer = signer
         self._held: dict[tuple[int, int], Held] = {}
+        self._finished: OrderedDict[tuple[int, int], None] = OrderedDict()
         self.work = ConsumerLoop(
             work_client,
             [topics.work],
@@ -240,7 +244,9 @@ class GeneratorService:
         ready.sort(key=lambda held: (held.item.round, held.item.position))
         self.generate([held.item for held in ready], [held.question for held in ready])
         for held in ready:
-            self._held.pop((held.item.round, held.item.position), None)
+            slot = (held.item.round, held.item.position)
+            self._held.pop(slot, None)
+            self._remember(slot)
             self.work.finish(held.record)
         self.work.commit()
         return True
@@ -300,11 +306,16 @@ class GeneratorService:
             )
         item = Item.from_proto(message)
         slot = (item.round, item.position)
-        if slot in self._held:  # the same item again (planned twice): one sample does for both
+        if slot in self._held or slot in self._finished:  # planned twice: one sample does for both
             self._metrics.work_items.labels("duplicate").inc()
             return Disposition.DONE
         self._held[slot] = Held(item, record, self._stream.record_at(item.stream_index))
         return Disposition.HELD
+
+    def _remember(self, slot: tuple[int, int]) -> None:
+        self._finished[slot] = None
+        if len(self._finished) > _FINISHED_MEMORY:
+            self._finished.popitem(last=False)
 
     def _assigned(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
         self._metrics.work_partitions.set(len(self.work.assigned))

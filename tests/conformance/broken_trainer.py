@@ -20,10 +20,12 @@ class TwiceTrainer(TrainerService):
     def start(self) -> None:
         super().start()
 
-        def never_duplicate(_batch: batch_pb2.TrainingBatch) -> bool:
+        def never(_batch: batch_pb2.TrainingBatch) -> bool:
             return False
 
-        self.trainer.is_duplicate = never_duplicate  # type: ignore[method-assign,assignment]
+        # Neither a duplicate nor late: a re-delivered batch is trained again.
+        self.trainer.is_duplicate = never  # type: ignore[method-assign,assignment]
+        self.trainer.is_late = never  # type: ignore[method-assign,assignment]
 
 
 class UncheckpointedTrainer(TrainerService):

@@ -210,6 +210,22 @@ def test_an_item_planned_twice_is_sampled_once(tokenizer: PreTrainedTokenizerBas
     assert gen.metric("sapo_generator_work_items_total", {"outcome": "duplicate"}) == 2
 
 
+def test_an_item_planned_again_after_its_group_went_out_is_not_sampled_again(
+    tokenizer: PreTrainedTokenizerBase,
+) -> None:
+    backend = ScriptedBackend(tokenizer)
+    gen = memory_generator(settings(), backend)
+    plan(gen, 0)
+    _run_idle(gen)
+    plan(gen, 0)  # the trainer restarted and planned round 0 once more
+    _run_idle(gen)
+    assert len(_groups(gen, gen.topics.rollouts)) == 2
+    assert len(backend.calls) == 1
+    assert gen.metric("sapo_generator_work_items_total", {"outcome": "duplicate"}) == 2
+    gen.core.work.commit()
+    assert gen.bus.committed[("generator", (gen.topics.work, 0))] == 4
+
+
 def test_a_version_that_fails_to_load_holds_its_items_and_readiness(
     tokenizer: PreTrainedTokenizerBase, tmp_path: Path
 ) -> None:
