@@ -6,9 +6,12 @@ failures are transient and retried with bounded exponential backoff: `initial_s`
 `max_s` between attempts, for at most `give_up_s` after the first failure. A digest mismatch, a
 malformed file or weights that do not fit the model are permanent: checkpoints are immutable, so the
 same bytes would fail again; such a version is rejected once and only a newer announcement can fix it.
-Either way the generator keeps its old weights, and it is not ready while it is behind the newest
-announced version; past `max_behind_s` behind it is not live either (a lock-step generator that cannot
-load the version it waits for must be restarted, not left waiting behind a green probe).
+Either way the generator keeps its old weights. It is not ready while an announced version newer than
+its weights is still being loaded or retried, or while its work waits for an announced version that
+did not load; past `max_behind_s` of that it is not live either (a generator that cannot load the
+version it waits for must be restarted, not left waiting behind a green probe). A rejected or given-up
+version that no work waits for (a bogus announcement far ahead) is counted and alerted on, and leaves
+the generator ready.
 """
 
 from __future__ import annotations

@@ -141,9 +141,9 @@ class GeneratorSettings(ServiceSettings, ModelSettings):
         900.0,
         ge=1.0,
         le=86_400.0,
-        description="/healthz fails when the loaded weights stay behind the newest announced version this "
-        "long (readiness is false from the first moment): a generator that cannot load what it waits for "
-        "gets restarted.",
+        description="/healthz fails when announced versions newer than the loaded weights stay unloaded "
+        "this long while being retried or while work waits for them (readiness is false from the first "
+        "moment): a generator that cannot load what it waits for gets restarted.",
     )
 
     @field_validator("profile")

@@ -228,6 +228,7 @@ class GeneratorService:
         groups and finish the items; drop obsolete ones. True when a backend call ran."""
         loaded = self._follower.loaded
         ready: list[Held] = []
+        wanted: int | None = None
         for slot, held in list(self._held.items()):
             item = held.item
             fate = item.fate(loaded)
@@ -236,9 +237,12 @@ class GeneratorService:
                 self._metrics.work_items.labels("obsolete").inc()
                 del self._held[slot]
                 self.work.finish(held.record)
-            elif fate == "ready" and len(ready) < self._settings.max_batch_items:
+            elif fate == "wait":
+                wanted = item.min_version if wanted is None else min(wanted, item.min_version)
+            elif len(ready) < self._settings.max_batch_items:
                 ready.append(held)
         self._metrics.work_held.set(len(self._held))
+        self._follower.wanted(wanted)
         if not ready:
             return False
         ready.sort(key=lambda held: (held.item.round, held.item.position))

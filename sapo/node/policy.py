@@ -12,8 +12,14 @@ failure leaves the old weights in place and is logged. A transient one (an objec
 store that did not answer) is retried with bounded backoff and counted per retry; a permanent one
 (digest mismatch, malformed, incompatible) or a version that stays unreadable past the give-up bound
 is rejected and counted by reason, and only a newer announcement can fix it (`sapo.generator.reload`).
-Readiness (`weights_ok`) is false while the loaded weights are behind the newest announced version;
-liveness fails once they stay behind longer than `max_behind_s`.
+
+The follower keeps the newest few announced versions above the loaded one that are neither loaded nor
+rejected (its candidates) and tries them newest first: while one is retried, a lower candidate still
+loads, so one announcement that never becomes loadable (a bogus version, a checkpoint lost) holds back
+neither the versions announced around it nor, after a restart, the catch-up. Readiness (`weights_ok`)
+is false while a candidate is left or while held work waits for an announced version that is not
+loaded (it was rejected); liveness fails once that lasts longer than `max_behind_s`. A rejected
+version nothing waits for is counted and alerted on, and leaves the generator ready.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 from safetensors import SafetensorError
@@ -41,6 +48,8 @@ WEIGHTS_OK = "weights_ok"
 WEIGHTS_CURRENT = "weights_current"  # the liveness deadline's name
 _MAX_DRAIN = 1000
 _WARN_EVERY_S = 30.0
+MAX_CANDIDATES = 8
+"""Announced versions kept for loading; the lowest gives way to a newer one (it would be superseded)."""
 
 
 class IncompatibleWeightsError(ValueError):
@@ -68,6 +77,22 @@ def check_shapes(state: Mapping[str, torch.Tensor], shapes: Mapping[str, tuple[i
             raise IncompatibleWeightsError(
                 f"tensor {name} has shape {tuple(tensor.shape)}, the model expects {expected}"
             )
+
+
+@dataclass
+class Candidate:
+    """An announced version above the loaded one, neither loaded nor rejected yet; `retry` once a load
+    of it failed transiently."""
+
+    update: policy_pb2.PolicyUpdate
+    retry: Retry | None = None
+
+    def due(self, now: float) -> bool:
+        return self.retry is None or now >= self.retry.next_at
+
+
+def same_checkpoint(a: policy_pb2.PolicyUpdate, b: policy_pb2.PolicyUpdate) -> bool:
+    return a.manifest_uri == b.manifest_uri and a.manifest_sha256 == b.manifest_sha256
 
 
 class PolicyFollower:
@@ -112,10 +137,10 @@ class PolicyFollower:
         self._catchup_idle_s = catchup_idle_s
         self._shapes = shapes
         self._reload = reload
-        self._pending: policy_pb2.PolicyUpdate | None = None
+        self._candidates: dict[int, Candidate] = {}
         self._epoch = 0
-        self._retry: tuple[policy_pb2.PolicyUpdate, Retry] | None = None
         self._behind = False
+        self._wanted: int | None = None
         self.announced = backend.model_version
         """Newest version announced for this node, loaded or not."""
         health.require(WEIGHTS_OK)
@@ -163,6 +188,11 @@ class PolicyFollower:
         self._apply_pending()
         self._track_behind()
 
+    def wanted(self, version: int | None) -> None:
+        """The lowest version held work waits for (None: nothing waits); readiness follows it."""
+        self._wanted = version
+        self._track_behind()
+
     def _handle(self, record: Record) -> Disposition:
         update = decode(policy_pb2.PolicyUpdate, record.value, self._max_bytes)
         reason = validate_policy_update(update)
@@ -179,24 +209,33 @@ class PolicyFollower:
         self._epoch = update.epoch
         self.announced = max(self.announced, update.version)
         self._metrics.announced_version.set(self.announced)
-        if update.version > self.loaded and (self._pending is None or update.version > self._pending.version):
-            self._pending = update
+        if update.version > self.loaded:
+            self._note(update)
         return Disposition.DONE
 
-    def _apply_pending(self) -> bool | None:
-        """Load the newest pending update, or retry one that failed transiently once its backoff has
-        passed: True/False = loaded/not (yet), None = nothing to do now."""
-        update, self._pending = self._pending, None
-        retrying = self._retry[0] if self._retry is not None else None
-        floor = max(self.loaded, retrying.version if retrying is not None else -1)
-        if update is not None and update.version > floor:
-            self._retry = None  # a newer version supersedes the one being retried
-            return self._load(update)
-        if self._retry is not None and time.monotonic() >= self._retry[1].next_at:
-            return self._load(self._retry[0])
-        return None
+    def _note(self, update: policy_pb2.PolicyUpdate) -> None:
+        """Keep `update` as a candidate; the same checkpoint announced again keeps its retry state."""
+        known = self._candidates.get(update.version)
+        retry = known.retry if known is not None and same_checkpoint(known.update, update) else None
+        self._candidates[update.version] = Candidate(update, retry)
+        if len(self._candidates) > MAX_CANDIDATES:
+            del self._candidates[min(self._candidates)]
 
-    def _load(self, update: policy_pb2.PolicyUpdate) -> bool:
+    def _apply_pending(self) -> None:
+        """Load the newest candidate that loads now: newest first, each one failing transiently is
+        skipped until its backoff has passed, so a lower version loads while a higher one is retried."""
+        now = time.monotonic()
+        for version in sorted(self._candidates, reverse=True):
+            candidate = self._candidates.get(version)
+            if candidate is None or version <= self.loaded or not candidate.due(now):
+                continue
+            if self._load(candidate):
+                break
+        for version in [v for v in self._candidates if v <= self.loaded]:
+            del self._candidates[version]
+
+    def _load(self, candidate: Candidate) -> bool:
+        update = candidate.update
         started = time.perf_counter()
         try:
             manifest, directory = read_manifest(update.manifest_uri, update.manifest_sha256)
@@ -213,25 +252,23 @@ class PolicyFollower:
             self._backend.load_weights(state, update.version, owned=True)  # verified buffers, ours alone
         # Tolerated by design: a bad checkpoint must not take the generator down; old weights stay.
         except (CheckpointError, SafetensorError, OSError, ValueError, RuntimeError) as exc:
-            self._failed(update, failure_reason(exc), exc)
-            self._track_behind()
+            self._failed(candidate, failure_reason(exc), exc)
             return False
-        self._retry = None
         seconds = time.perf_counter() - started
         self._metrics.weight_load_seconds.observe(seconds)
         self._metrics.policy_version.set(update.version)
-        self._track_behind()
         log.info("loaded policy v%d from %s in %.2fs", update.version, update.manifest_uri, seconds)
         return True
 
-    def _failed(self, update: policy_pb2.PolicyUpdate, reason: str, exc: Exception) -> None:
+    def _failed(self, candidate: Candidate, reason: str, exc: Exception) -> None:
         """Schedule a retry of a transient failure, or reject the version (counted, not retried)."""
+        update = candidate.update
         now = time.monotonic()
         if is_transient(reason):
-            previous = self._retry[1] if self._retry is not None else Retry(update.version, 0, now, now)
+            previous = candidate.retry or Retry(update.version, 0, now, now)
             following = previous.after_failure(self._reload, now)
             if following is not None:
-                self._retry = (update, following)
+                candidate.retry = following
                 self._metrics.weight_load_retries.labels(reason).inc()
                 log.warning(
                     "policy v%d not loadable yet (%s, attempt %d; retrying in %.1fs): %s",
@@ -245,15 +282,17 @@ class PolicyFollower:
             reason_text = f"{reason} for {now - previous.since:.0f}s, gave up"
         else:
             reason_text = reason
-        self._retry = None
+        self._candidates.pop(update.version, None)
         self._metrics.weight_load_failures.labels(reason).inc()
         log.error(
             "rejected policy v%d (%s): %s; keeping v%d", update.version, reason_text, str(exc), self.loaded
         )
 
     def _track_behind(self) -> None:
-        """Readiness while the newest announced version is loaded; a liveness deadline while not."""
-        behind = self.loaded < self.announced
+        """Readiness while no announced version waits to be loaded or rejected and no held work waits
+        for an announced version that did not load; a liveness deadline while either does."""
+        stuck = self._wanted is not None and self.loaded < self._wanted <= self.announced
+        behind = bool(self._candidates) or stuck
         self._health.set(WEIGHTS_OK, not behind)
         if behind != self._behind:
             self._health.fail_after(WEIGHTS_CURRENT, self._reload.max_behind_s if behind else None)
