@@ -364,6 +364,8 @@ def _send_refused(run: _Run) -> list[Rejected]:
     send(work, b"9/2", backwards, ("WorkItem", "empty_version_range", "work item with min > max"))
     beyond = Item(node, 9, 3, MAX_POSITION, 0, None).to_proto(TRAINER_EPOCH)
     send(work, b"9/3", beyond, ("WorkItem", "index_out_of_range", "work item past the stream's end"))
+    far = Item(node, 9, 4, 4, 2**40, None).to_proto(TRAINER_EPOCH)
+    send(work, b"9/4", far, ("WorkItem", "version_too_far_ahead", "work item for a version far ahead"))
     incomplete = policy_pb2.PolicyUpdate(schema_version=SCHEMA_VERSION, node_id=node, version=3)
     send(policy, node.encode(), incomplete, ("PolicyUpdate", "incomplete_policy_update", "bare announcement"))
     fenced = run.version(2, epoch=TRAINER_EPOCH - 1, perturb=1e-2)

@@ -102,6 +102,14 @@ class GeneratorSettings(ServiceSettings, ModelSettings):
         description="Most work items (questions) one replica samples in one backend call; the items it "
         "holds that the loaded policy may generate are batched up to this many.",
     )
+    max_version_lead: int = Field(
+        1000,
+        ge=1,
+        le=2**62,
+        description="A work item needing a policy version more than this many ahead of the newest one "
+        "announced is refused (dead-lettered as version_too_far_ahead) rather than held: the trainer "
+        "announces a version before it plans work that needs it, and such an item would wait for good.",
+    )
 
     # --- operations ---
     policy_catchup_idle_s: float = Field(

@@ -82,6 +82,53 @@ class Held(NamedTuple):
     question: QuestionRecord
 
 
+Slot = tuple[int, int]
+"""(round, position): one work item of the node."""
+
+
+class HeldItems:
+    """The work items a replica holds, indexed by the lowest policy version each needs, so that a step
+    looks only at the items the loaded version may serve (many items waiting for later versions cost
+    nothing per step)."""
+
+    def __init__(self) -> None:
+        self._items: dict[Slot, Held] = {}
+        self._by_version: dict[int, dict[Slot, None]] = {}
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, slot: Slot) -> bool:
+        return slot in self._items
+
+    def add(self, held: Held) -> None:
+        slot = (held.item.round, held.item.position)
+        self._items[slot] = held
+        self._by_version.setdefault(held.item.min_version, {})[slot] = None
+
+    def remove(self, slot: Slot) -> None:
+        held = self._items.pop(slot, None)
+        if held is None:
+            return
+        version = held.item.min_version
+        slots = self._by_version[version]
+        del slots[slot]
+        if not slots:
+            del self._by_version[version]
+
+    def servable(self, loaded: int) -> list[Held]:
+        """The held items version `loaded` may serve or has made obsolete, lowest version first."""
+        versions = sorted(v for v in self._by_version if v <= loaded)
+        return [self._items[slot] for v in versions for slot in self._by_version[v]]
+
+    def lowest_waiting(self, loaded: int) -> int | None:
+        """The lowest version above `loaded` that a held item needs (None: no item waits)."""
+        return min((v for v in self._by_version if v > loaded), default=None)
+
+    def all(self) -> list[Held]:
+        return list(self._items.values())
+
+
 class GeneratorService:
     """Runs rounds until stopped, `until()` holds, or the round limit is reached."""
 
@@ -116,8 +163,8 @@ class GeneratorService:
         self._source = round_source(settings, backend.tokenizer)
         self._stream = TaskStream(settings.task_profile(), self._source.node_seed, "train")
         self._signer = signer
-        self._held: dict[tuple[int, int], Held] = {}
-        self._finished: OrderedDict[tuple[int, int], None] = OrderedDict()
+        self._held = HeldItems()
+        self._finished: OrderedDict[Slot, None] = OrderedDict()
         self.work = ConsumerLoop(
             work_client,
             [topics.work],
@@ -228,28 +275,24 @@ class GeneratorService:
         groups and finish the items; drop obsolete ones. True when a backend call ran."""
         loaded = self._follower.loaded
         ready: list[Held] = []
-        wanted: int | None = None
-        for slot, held in list(self._held.items()):
+        for held in self._held.servable(loaded):
             item = held.item
-            fate = item.fate(loaded)
-            if fate == "obsolete":
+            if item.fate(loaded) == "obsolete":
                 log.info("dropped obsolete item round %d/%d (loaded v%d)", item.round, item.position, loaded)
                 self._metrics.work_items.labels("obsolete").inc()
-                del self._held[slot]
+                self._held.remove((item.round, item.position))
                 self.work.finish(held.record)
-            elif fate == "wait":
-                wanted = item.min_version if wanted is None else min(wanted, item.min_version)
             elif len(ready) < self._settings.max_batch_items:
                 ready.append(held)
         self._metrics.work_held.set(len(self._held))
-        self._follower.wanted(wanted)
+        self._follower.wanted(self._held.lowest_waiting(loaded))
         if not ready:
             return False
         ready.sort(key=lambda held: (held.item.round, held.item.position))
         self.generate([held.item for held in ready], [held.question for held in ready])
         for held in ready:
             slot = (held.item.round, held.item.position)
-            self._held.pop(slot, None)
+            self._held.remove(slot)
             self._remember(slot)
             self.work.finish(held.record)
         self.work.commit()
@@ -308,15 +351,22 @@ class GeneratorService:
             raise InvalidMessageError(
                 "index_out_of_range", f"stream_index {message.stream_index} outside [0, {MAX_POSITION})"
             )
+        lead = message.min_policy_version - self._follower.announced
+        if lead > self._settings.max_version_lead:
+            raise InvalidMessageError(
+                "version_too_far_ahead",
+                f"needs policy v{message.min_policy_version}, {lead} past the newest announced "
+                f"v{self._follower.announced} (more than {env_prefix(self._settings)}MAX_VERSION_LEAD)",
+            )
         item = Item.from_proto(message)
         slot = (item.round, item.position)
         if slot in self._held or slot in self._finished:  # planned twice: one sample does for both
             self._metrics.work_items.labels("duplicate").inc()
             return Disposition.DONE
-        self._held[slot] = Held(item, record, self._stream.record_at(item.stream_index))
+        self._held.add(Held(item, record, self._stream.record_at(item.stream_index)))
         return Disposition.HELD
 
-    def _remember(self, slot: tuple[int, int]) -> None:
+    def _remember(self, slot: Slot) -> None:
         self._finished[slot] = None
         if len(self._finished) > _FINISHED_MEMORY:
             self._finished.popitem(last=False)
@@ -328,15 +378,15 @@ class GeneratorService:
     def _revoked(self, tps: list[TopicPartition]) -> None:
         """Items of partitions that moved to another replica: dropped unfinished, sampled there."""
         gone = set(tps)
-        for slot, held in list(self._held.items()):
+        for held in self._held.all():
             if held.record.tp in gone:
-                del self._held[slot]
+                self._held.remove((held.item.round, held.item.position))
         self._metrics.work_partitions.set(len(self.work.assigned.difference(tps)))
 
     def _log_waiting(self) -> None:
-        needed = min(held.item.min_version for held in self._held.values())
+        needed = self._held.lowest_waiting(self._follower.loaded)
         log.info(
-            "%d work items wait for policy v%d (loaded v%d, announced v%d)",
+            "%d work items wait for policy v%s (loaded v%d, announced v%d)",
             len(self._held),
             needed,
             self._follower.loaded,

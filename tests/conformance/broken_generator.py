@@ -19,9 +19,10 @@ from sapo.runtime import Runtime, serve
 class VersionBlindGenerator(GeneratorService):
     def _hold(self, record: Record) -> Disposition:
         disposition = super()._hold(record)
-        for slot, held in list(self._held.items()):
+        for held in self._held.all():
             blind = dataclasses.replace(held.item, min_version=0, max_version=None)
-            self._held[slot] = held._replace(item=blind)
+            self._held.remove((held.item.round, held.item.position))
+            self._held.add(held._replace(item=blind))
         return disposition
 
 

@@ -250,12 +250,50 @@ def test_a_malformed_work_item_is_dead_lettered_and_the_rest_is_generated(
     for index in (MAX_POSITION, 2**63 + 5):  # past the stream's end: once an uncaught IndexError
         beyond = Item("node-a", 0, 1, index, 0, 0).to_proto().SerializeToString()
         gen.bus.append(gen.topics.work, b"0/1", beyond, [])
+    far = Item("node-a", 5, 0, 10, 1001, None).to_proto().SerializeToString()  # would wait for good
+    gen.bus.append(gen.topics.work, b"5/0", far, [])
     plan(gen, 0)
     _run_idle(gen)
     assert len(_groups(gen, gen.topics.rollouts)) == 2
-    reasons = sorted(r.headers["sapo-dlq-reason"].decode() for r in gen.bus.topics[gen.topics.dlq])
-    assert reasons == ["index_out_of_range", "index_out_of_range", "undecodable", "wrong_node"]
-    assert gen.bus.committed[("generator", (gen.topics.work, 0))] == 6  # every record finished
+    dead = gen.bus.topics[gen.topics.dlq]
+    reasons = sorted(r.headers["sapo-dlq-reason"].decode() for r in dead)
+    assert reasons == [
+        "index_out_of_range",
+        "index_out_of_range",
+        "undecodable",
+        "version_too_far_ahead",
+        "wrong_node",
+    ]
+    [lead] = [r for r in dead if r.headers["sapo-dlq-reason"] == b"version_too_far_ahead"]
+    assert b"SAPO_GENERATOR_MAX_VERSION_LEAD" in lead.headers["sapo-dlq-detail"]
+    assert gen.metric("sapo_generator_work_held_items") == 0
+    assert gen.bus.committed[("generator", (gen.topics.work, 0))] == 7  # every record finished
+
+
+def test_items_waiting_for_later_versions_are_served_as_each_version_loads(
+    tokenizer: PreTrainedTokenizerBase, tmp_path: Path
+) -> None:
+    """Async items of rounds 0..3 need versions 0..3: each version serves its items and those below,
+    the others wait (readiness stays true: nothing they need has been announced yet)."""
+    backend = ScriptedBackend(tokenizer)
+    gen = memory_generator(settings(), backend)
+    for round_ in range(4):
+        item = Item("node-a", round_, 0, round_ * 2, round_, None).to_proto().SerializeToString()
+        gen.bus.append(gen.topics.work, f"{round_}/0".encode(), item, [])
+    _run_idle(gen)
+    assert [g.round for g in _groups(gen, gen.topics.rollouts)] == [0]
+    assert gen.metric("sapo_generator_work_held_items") == 3
+    assert gen.health.failing() == []
+    _announce(gen, tmp_path / "v2", 2)
+    _run_idle(gen)
+    assert [g.round for g in _groups(gen, gen.topics.rollouts)] == [0, 1, 2]
+    assert [g.policy_version for g in _groups(gen, gen.topics.rollouts)] == [0, 2, 2]
+    assert gen.metric("sapo_generator_work_held_items") == 1
+    _announce(gen, tmp_path / "v3", 3)
+    _run_idle(gen)
+    assert [g.round for g in _groups(gen, gen.topics.rollouts)] == [0, 1, 2, 3]
+    assert gen.metric("sapo_generator_work_held_items") == 0
+    assert gen.bus.committed[("generator", (gen.topics.work, 0))] == 4
 
 
 def test_an_item_whose_question_cannot_be_built_is_refused_alone(
