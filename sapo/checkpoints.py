@@ -106,7 +106,7 @@ def _parsed(data: bytes, what: str, build: Callable[[dict[str, Any]], _T]) -> _T
         if fmt > FORMAT:
             raise CheckpointError("unsupported", f"{what} format {fmt}; this version reads <= {FORMAT}")
         return build(body)
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:  # deep nesting
         raise CheckpointError("malformed", f"malformed {what}: {exc!r}") from None
 
 

@@ -143,13 +143,33 @@ def read_bytes(target: Location, max_bytes: int = MAX_SMALL_FILE_BYTES) -> bytes
             data: bytes = fh.read(max_bytes + 1)
     except CheckpointError:
         raise
-    except FileNotFoundError:
-        raise CheckpointError("missing", f"{target.uri()} does not exist (yet)") from None
     except Exception as exc:  # any failure of a remote store is a store being unavailable
-        raise CheckpointError("unavailable", f"cannot read {target.uri()}: {exc!r}") from None
+        raise read_error(target, exc) from None
     if len(data) > max_bytes:
         raise CheckpointError("malformed", f"{target.uri()} is larger than the {max_bytes} bytes it may have")
     return data
+
+
+def read_error(target: Location, exc: Exception) -> CheckpointError:
+    """`missing` when the store said the object is not there, `unavailable` when it did not answer.
+    fsspec's HTTP filesystem reports every failure as FileNotFoundError, a refused connection or a
+    server error too, with the real error as its cause."""
+    if isinstance(exc, FileNotFoundError):
+        if not _no_answer(exc.__cause__):
+            return CheckpointError("missing", f"{target.uri()} does not exist (yet)")
+        exc = exc.__cause__ if isinstance(exc.__cause__, Exception) else exc
+    return CheckpointError("unavailable", f"cannot read {target.uri()}: {exc!r}")
+
+
+def _no_answer(cause: BaseException | None) -> bool:
+    """A failure to get an answer (no connection, a timeout, an HTTP status other than 404), as opposed to
+    a store's "no such object" (s3fs gives its botocore error as the cause: that one has no status)."""
+    if isinstance(cause, FileNotFoundError):
+        return False
+    if isinstance(cause, OSError | TimeoutError):
+        return True
+    status = getattr(cause, "status", None)
+    return isinstance(status, int) and status != 404
 
 
 def require_regular(path: str) -> None:
@@ -170,10 +190,8 @@ def read_verified(directory: Location, entry: FileEntry, algorithm: str) -> byte
             buffer, got = _read_remote(target, entry, algorithm)
     except CheckpointError:
         raise
-    except FileNotFoundError:
-        raise CheckpointError("missing", f"checkpoint file {target.uri()} does not exist (yet)") from None
     except Exception as exc:  # a remote store failing in its own way, a local I/O error
-        raise CheckpointError("unavailable", f"cannot read {target.uri()}: {exc!r}") from None
+        raise read_error(target, exc) from None
     if got != entry.digest:
         raise CheckpointError(
             "digest_mismatch", f"checkpoint file corrupt: {target.uri()} {algorithm} {got} != {entry.digest}"

@@ -3,10 +3,13 @@ tied weights stored once, digests verified while reading, replays verified, stat
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import http.server
 import io
 import json
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -267,3 +270,45 @@ def test_a_location_that_is_no_small_regular_file_is_malformed_not_a_hang(tmp_pa
     with pytest.raises(storage.CheckpointError) as missing:
         storage.read_bytes(storage.location(tmp_path / "absent.json"))
     assert missing.value.reason == "missing"  # may appear later: retried
+
+
+def test_a_deeply_nested_manifest_is_malformed(tmp_path: Path) -> None:
+    """json.loads raises RecursionError on deep nesting: once reported as weights that do not fit."""
+    nested = tmp_path / "manifest.json"
+    nested.write_bytes(b"[" * 100_000 + b"]" * 100_000)
+    with pytest.raises(storage.CheckpointError) as error:
+        read_manifest(nested.as_uri(), hashlib.sha256(nested.read_bytes()).hexdigest())
+    assert error.value.reason == "malformed"
+
+
+def test_an_http_store_that_does_not_answer_is_unavailable_not_missing(tmp_path: Path) -> None:
+    """fsspec's HTTP filesystem raises FileNotFoundError for a refused connection too; only a 404 is
+    an object that is not there (yet)."""
+    (tmp_path / "present.json").write_bytes(b"{}")
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def send_head(self):  # type: ignore[no-untyped-def]
+            if self.path.startswith("/failing"):
+                self.send_error(503)
+                return None
+            return super().send_head()
+
+    handler = functools.partial(Handler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        assert storage.read_bytes(storage.location(f"{base}/present.json")) == b"{}"
+        with pytest.raises(storage.CheckpointError) as absent:
+            storage.read_bytes(storage.location(f"{base}/absent.json"))
+        assert absent.value.reason == "missing"
+        with pytest.raises(storage.CheckpointError, match="503") as failing:
+            storage.read_bytes(storage.location(f"{base}/failing.json"))
+        assert failing.value.reason == "unavailable"
+    finally:
+        server.shutdown()
+        server.server_close()
+    with pytest.raises(storage.CheckpointError, match="cannot read") as refused:
+        storage.read_bytes(storage.location(f"{base}/present.json"))  # nothing listens there now
+    assert refused.value.reason == "unavailable"
+    assert "does not exist" not in str(refused.value)
