@@ -39,6 +39,12 @@ M = TypeVar("M", bound=Message)
 
 
 MAX_DETAIL_CHARS: Final = 400
+MAX_GROUP_COMPLETIONS: Final = 256
+"""Completions a group may have (a generator's largest L): each is re-scored by a receiving sampler and
+becomes a row of its trainer's step, so a peer's group of thousands of tiny completions cost seconds
+of verification and gigabytes of training memory."""
+MAX_BATCH_GROUPS: Final = 512
+"""Groups a training batch may have (a sampler's largest I + J)."""
 """Longest `InvalidMessageError.detail`: details quote what a sender wrote (ids, header values), which
 may be huge, and go into log lines and dead-letter headers."""
 
@@ -233,6 +239,8 @@ def validate_rollout_group(group: rollout_pb2.RolloutGroup) -> str | None:
         return "missing_question"
     if not group.completions:
         return "no_completions"
+    if len(group.completions) > MAX_GROUP_COMPLETIONS:
+        return "too_many_completions"
     return _validate_completions(group)
 
 
@@ -264,10 +272,14 @@ def validate_batch(batch: batch_pb2.TrainingBatch) -> str | None:
     """
     if not batch.batch_id:
         return "missing_batch_id"
+    if len(batch.groups) > MAX_BATCH_GROUPS:
+        return "too_many_groups"
     for bg in batch.groups:
         if bg.source == batch_pb2.GROUP_SOURCE_UNSPECIFIED:
             return "missing_source"
         n = len(bg.group.completions)
+        if n > MAX_GROUP_COMPLETIONS:
+            return "too_many_completions"
         if len(bg.rewards) != n or len(bg.advantages) != n:
             return "reward_length_mismatch"
         if any(not math.isfinite(x) for x in (*bg.rewards, *bg.advantages)):

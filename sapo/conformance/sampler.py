@@ -38,7 +38,7 @@ from sapo.kafka import Record
 from sapo.tasks import QuestionRecord
 from sapo.tasks.records import canonical_json, sha256_hex
 from sapo.v1 import batch_pb2, rollout_pb2
-from sapo.wire import H_NODE, H_SCHEMA, H_TASK, H_TYPE, SCHEMA_VERSION, rollout_headers
+from sapo.wire import H_NODE, H_SCHEMA, H_TASK, H_TYPE, MAX_GROUP_COMPLETIONS, SCHEMA_VERSION, rollout_headers
 
 PEERS = ("kit-peer-1", "kit-peer-2")
 LOCAL_GROUPS = 2
@@ -381,6 +381,10 @@ def _send_refused(run: _Run, batch0: batch_pb2.TrainingBatch) -> tuple[dict[str,
     malformed = run.group(PEERS[0], round_=1)
     malformed.completions[0].finish_reason = rollout_pb2.FINISH_REASON_UNSPECIFIED
     send(malformed, "group with a completion lacking its finish reason", "missing_finish_reason")
+    wide = run.group(PEERS[0], round_=1)
+    while len(wide.completions) <= MAX_GROUP_COMPLETIONS:
+        wide.completions.add().CopyFrom(wide.completions[len(wide.completions) % 4])
+    send(wide, f"group of more than {MAX_GROUP_COMPLETIONS} completions", "too_many_completions")
     junk_headers = [
         (H_TYPE, b"RolloutGroup"),
         (H_NODE, PEERS[1].encode()),

@@ -31,7 +31,7 @@ from sapo.conformance.observe import Committed, Tail
 from sapo.conformance.results import Results
 from sapo.kafka import Record
 from sapo.v1 import batch_pb2, policy_pb2, work_pb2
-from sapo.wire import message_headers
+from sapo.wire import MAX_BATCH_GROUPS, message_headers
 
 SAMPLER_EPOCH = 1
 """The epoch the kit's batches carry, as a sampler holding the node's sampler lease would."""
@@ -267,6 +267,14 @@ def _send_refused(run: _Run, batch0: batch_pb2.TrainingBatch) -> list[Rejected]:
         sourceless.SerializeToString(),
         "missing_source",
         "batch with a group of no source",
+    )
+    crowded = run.batch(1, groups=1)
+    crowded.groups.extend([crowded.groups[0]] * MAX_BATCH_GROUPS)
+    send(
+        crowded.batch_id.encode(),
+        crowded.SerializeToString(),
+        "too_many_groups",
+        f"batch of more than {MAX_BATCH_GROUPS} groups",
     )
     fenced = run.batch(1, groups=1)
     fenced.epoch = SAMPLER_EPOCH - 1

@@ -20,6 +20,7 @@ from sapo.settings import ServiceSettings
 from sapo.tasks import Profile, load_profile
 from sapo.tasks.seeds import stable_hash
 from sapo.v1 import rollout_pb2
+from sapo.wire import MAX_GROUP_COMPLETIONS
 
 
 class BackendKind(StrEnum):
@@ -78,7 +79,10 @@ class GeneratorSettings(ServiceSettings, ModelSettings):
 
     # --- sampling ---
     completions_per_question: int = Field(
-        8, ge=2, le=256, description="L: completions per question (>= 2: a group of one has no advantage)."
+        8,
+        ge=2,
+        le=MAX_GROUP_COMPLETIONS,
+        description="L: completions per question (>= 2: a group of one has no advantage).",
     )
     temperature: float = Field(1.0, gt=0.0, le=10.0, description="Sampling temperature (paper: 1.0).")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus mass (paper: 1.0).")

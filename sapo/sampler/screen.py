@@ -87,6 +87,7 @@ from sapo.wire import (
     H_NODE,
     H_SCHEMA,
     H_TASK,
+    MAX_GROUP_COMPLETIONS,
     SCHEMA_VERSION,
     GroupFacts,
     InvalidMessageError,
@@ -118,6 +119,7 @@ MALFORMED_REASONS: Final = (
     "missing_node_id",
     "missing_question",
     "no_completions",
+    "too_many_completions",
     "missing_finish_reason",
     "logprob_length_mismatch",
     "nonfinite_logprob",
@@ -371,6 +373,8 @@ class Screen:
         value, headers, facts = unread
         if len(value) > self.cfg.max_payload_bytes:  # as `decode` would: the pool holds the bytes
             raise InvalidMessageError("oversized", f"{len(value)} bytes > {self.cfg.max_payload_bytes}")
+        if facts.scored > MAX_GROUP_COMPLETIONS:  # as `parse` would: the facts restate the body
+            raise InvalidMessageError("too_many_completions", f"{facts.scored} > {MAX_GROUP_COMPLETIONS}")
         accepted = self.cfg.accepted_tasks  # the task header is only read when a task can be refused
         task = header_str(headers, H_TASK) if accepted is not None else ""
         reason = self._identity_reason_of(node, task, facts.config_digest, "external")

@@ -99,6 +99,10 @@ def test_structural_validation_reasons() -> None:
     unspecified = make_group()
     unspecified.completions[1].finish_reason = rollout_pb2.FINISH_REASON_UNSPECIFIED
     assert wire.validate_rollout_group(unspecified) == "missing_finish_reason"
+    largest = make_group(rewards=[float(i % 2) for i in range(wire.MAX_GROUP_COMPLETIONS)])
+    assert wire.validate_rollout_group(largest) is None
+    largest.completions.add().CopyFrom(largest.completions[0])
+    assert wire.validate_rollout_group(largest) == "too_many_completions"
 
 
 def test_batch_and_policy_validation() -> None:
@@ -109,6 +113,16 @@ def test_batch_and_policy_validation() -> None:
     batch.groups[0].rewards.extend([1, 0, 0, 1])
     batch.groups[0].advantages.extend([1, -1, -1, 1])
     assert wire.validate_batch(batch) is None
+    batch.groups.extend([batch.groups[0]] * (wire.MAX_BATCH_GROUPS - 1))
+    assert wire.validate_batch(batch) is None
+    batch.groups.add().CopyFrom(batch.groups[0])
+    assert wire.validate_batch(batch) == "too_many_groups"
+    wide = batch_pb2.BatchGroup(source=batch_pb2.GROUP_SOURCE_EXTERNAL)
+    wide.group.CopyFrom(make_group(rewards=[float(i % 2) for i in range(wire.MAX_GROUP_COMPLETIONS + 1)]))
+    wide.rewards.extend(c.reward for c in wide.group.completions)
+    wide.advantages.extend(0.0 for _ in wide.group.completions)
+    lone = batch_pb2.TrainingBatch(batch_id="n/1", groups=[wide])
+    assert wire.validate_batch(lone) == "too_many_completions"
     update = policy_pb2.PolicyUpdate(node_id="n", manifest_uri="file:///x", manifest_sha256="a" * 64)
     assert wire.validate_policy_update(update) is None
     assert wire.validate_policy_update(policy_pb2.PolicyUpdate(node_id="n")) == "incomplete_policy_update"

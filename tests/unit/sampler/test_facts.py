@@ -13,7 +13,14 @@ import pytest
 from sapo.identity import Sender
 from sapo.sampler import Scored, Screen, SeenGroups, Unread, VerifyMode, arrival_facts, parse
 from sapo.v1 import question_pb2, rollout_pb2
-from sapo.wire import H_FACTS, InvalidMessageError, encode_facts, group_facts, rollout_headers
+from sapo.wire import (
+    H_FACTS,
+    MAX_GROUP_COMPLETIONS,
+    InvalidMessageError,
+    encode_facts,
+    group_facts,
+    rollout_headers,
+)
 from tests.unit.sampler.builders import questions, real_group, screen_config
 
 pytestmark = pytest.mark.unit
@@ -207,3 +214,17 @@ def test_which_records_arrive_on_their_facts() -> None:
     malformed = b";".join([*fields[:2], b"x", *fields[3:]])  # the round is no integer
     with pytest.raises(InvalidMessageError, match="facts_mismatch"):
         arrival_facts(headers | {H_FACTS: malformed}, "external", lazy)
+
+
+def test_a_group_of_too_many_completions_is_refused_on_its_facts_and_on_its_body() -> None:
+    """Each completion of a picked group is re-scored, and trained as a row: a peer's group of
+    thousands of tiny completions is refused before any of that, on arrival."""
+    group = real_group(RECORDS[7], "peer-1")
+    while len(group.completions) <= MAX_GROUP_COMPLETIONS:
+        group.completions.add().CopyFrom(group.completions[len(group.completions) % 4])
+    with pytest.raises(InvalidMessageError) as lazy:
+        _on_facts(_screen(), group)
+    assert lazy.value.reason == "too_many_completions"
+    with pytest.raises(InvalidMessageError) as eager:
+        _decoded(_screen(VerifyMode.EAGER), group)
+    assert eager.value.reason == "too_many_completions"
