@@ -67,7 +67,10 @@ def tansu_binary() -> Path:
 def free_port(host: str = DEFAULT_HOST) -> int:
     """A port the OS considers free right now (another process may still take it before we bind)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
+        try:
+            sock.bind((host, 0))
+        except OSError as exc:  # an unknown host name, an address not of this machine
+            raise BrokerError(f"cannot listen on {host!r}: {exc.strerror or exc}") from None
         port: int = sock.getsockname()[1]
         return port
 

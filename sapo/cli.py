@@ -22,11 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+from confluent_kafka import KafkaError, KafkaException
+
 from sapo.broker import DEFAULT_HOST, STORAGE_URL, BrokerError, EmbeddedBroker
+from sapo.cliargs import positive_int, positive_seconds
 from sapo.clientlog import LIBRDKAFKA_LOG
 from sapo.conformance import cli as conformance_cli
 from sapo.identity import cli as keys_cli
 from sapo.inspect import cli as inspect_cli
+from sapo.inspect.reader import InspectError
 from sapo.kafka import KafkaPublisher
 from sapo.settings import ConfigError
 from sapo.swarm import report
@@ -60,13 +64,6 @@ def _node_id(value: str) -> str:
         return validate_node_id(value)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {number}")
-    return number
 
 
 # --- sapo broker ---------------------------------------------------------------------------------
@@ -134,23 +131,25 @@ def _add_topics_arguments(parser: argparse.ArgumentParser) -> None:
         "--node", dest="nodes", action="append", type=_node_id, required=True, help="node id (repeatable)"
     )
     parser.add_argument(
-        "--partitions", type=_positive_int, default=1, help="partitions of the swarm, rollout and DLQ topics"
+        "--partitions", type=positive_int, default=1, help="partitions of the swarm, rollout and DLQ topics"
     )
     parser.add_argument(
         "--work-partitions",
-        type=_positive_int,
+        type=positive_int,
         default=WORK_PARTITIONS,
         help="partitions of each work topic: the most generator replicas per node (default: %(default)s)",
     )
-    parser.add_argument("--replication-factor", type=_positive_int, default=1, help="replicas per partition")
+    parser.add_argument("--replication-factor", type=positive_int, default=1, help="replicas per partition")
     parser.add_argument(
         "--max-message-bytes",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_MAX_MESSAGE_BYTES,
         help="max.message.bytes of every topic: the services' MAX_MESSAGE_BYTES (default: %(default)s)",
     )
     parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="topic name prefix (default: %(default)s)")
-    parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the cluster")
+    parser.add_argument(
+        "--timeout", type=positive_seconds, default=30.0, help="seconds to wait for the cluster"
+    )
 
 
 def _run_topics(args: argparse.Namespace) -> int:
@@ -212,8 +211,12 @@ def _add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="results directory (re-run to resume)")
     parser.add_argument("--configs", default=None, help="configurations to run, e.g. 8/0,4/4 (default: all)")
     parser.add_argument("--seeds", type=_int_list, default=None, help="e.g. 0,1,2 (default: the scenario's)")
-    parser.add_argument("--rounds", type=int, default=None, help="rounds per run (default: the scenario's)")
-    parser.add_argument("--nodes", type=int, default=None, help="nodes per swarm (one-group scenarios)")
+    parser.add_argument(
+        "--rounds", type=positive_int, default=None, help="rounds per run (default: the scenario's)"
+    )
+    parser.add_argument(
+        "--nodes", type=positive_int, default=None, help="nodes per swarm (one-group scenarios)"
+    )
     parser.add_argument("--model", default=None, help="model ref of every node ({seed} = experiment seed)")
     parser.add_argument(
         "--set",
@@ -223,8 +226,12 @@ def _add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="a manifest key for every node, e.g. learning_rate=5e-4 or sampler.selection=reward_guided",
     )
-    parser.add_argument("--eval-questions", type=int, default=None, help="held-out questions per policy")
-    parser.add_argument("--eval-samples", type=int, default=None, help="samples per held-out question")
+    parser.add_argument(
+        "--eval-questions", type=positive_int, default=None, help="held-out questions per policy"
+    )
+    parser.add_argument(
+        "--eval-samples", type=positive_int, default=None, help="samples per held-out question"
+    )
     parser.add_argument(
         "--in-process", action="store_true", help="run swarms without Kafka (the same core functions)"
     )
@@ -233,10 +240,11 @@ def _add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="run the scenario's `confirm` configuration at its first seed through the Kafka services",
     )
-    parser.add_argument(
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument(
         "--plan-only", action="store_true", help="write experiment.json and every run's manifest, run nothing"
     )
-    parser.add_argument("--report-only", action="store_true", help="rewrite the report from finished runs")
+    only.add_argument("--report-only", action="store_true", help="rewrite the report from finished runs")
     parser.add_argument("--keep-checkpoints", action="store_true", help="keep each run's final checkpoints")
 
 
@@ -398,9 +406,23 @@ def main(argv: list[str] | None = None) -> int:
     run: Callable[[argparse.Namespace], int] = args.run
     try:
         return run(args)
-    except ConfigError as exc:
+    except (ConfigError, argparse.ArgumentTypeError) as exc:
         log.error("%s", exc)
         return 2
+    except (OSError, KafkaException, InspectError) as exc:  # a path, a host or a cluster given wrong
+        log.error("%s", user_message(exc), exc_info=args.verbose)
+        return 1
+
+
+def user_message(exc: Exception) -> str:
+    """What a user reads for a failure of what they gave: the OS's words with the path or host, the
+    Kafka client's own text (not its error object's repr)."""
+    if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
+        return f"Kafka client: {exc.args[0].str()}"
+    if isinstance(exc, OSError) and exc.strerror:
+        where = exc.filename if exc.filename is not None else ""
+        return f"{exc.strerror}: {where}" if where else exc.strerror
+    return str(exc)
 
 
 if __name__ == "__main__":

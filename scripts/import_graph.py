@@ -25,6 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     (
         "sapo.wire",
         "sapo.clientlog",
+        "sapo.cliargs",
         "sapo.topics",
         "sapo.lifecycle",
         "sapo.identity",

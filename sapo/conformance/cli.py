@@ -24,6 +24,7 @@ from typing import Any, Final
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from sapo.cliargs import positive_int, positive_seconds
 from sapo.conformance.common import GeneratorTarget, Target
 from sapo.conformance.results import Results
 from sapo.identity import IdentityError, TrustStore
@@ -75,9 +76,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     conn = add_connection_arguments(parser, "SAPO_CONFORMANCE_KAFKA__*")
     conn.add_argument("--prefix", help="topic name prefix (default: SAPO_CONFORMANCE_TOPIC_PREFIX or sapo)")
     kit = parser.add_argument_group("the run")
-    kit.add_argument("--timeout", type=float, help="longest wait for one reaction, s (default 180)")
-    kit.add_argument("--quiet", type=float, help="how long to watch for what must not happen, s (default 4)")
-    kit.add_argument("--questions-per-round", type=int, help="the service's setting (default 3)")
+    kit.add_argument(
+        "--timeout", type=positive_seconds, help="longest wait for one reaction, s (default 180)"
+    )
+    kit.add_argument(
+        "--quiet", type=positive_seconds, help="how long to watch for what must not happen, s (default 4)"
+    )
+    kit.add_argument("--questions-per-round", type=positive_int, help="the service's setting (default 3)")
     kit.add_argument("--json", action="store_true", help="print the verdicts as one JSON object")
     gen = parser.add_argument_group("generator only")
     gen.add_argument("--model", help="the generator's model ref: the kit announces versions of it")

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from sapo.cliargs import positive_seconds
 from sapo.identity.announce import add_statement, announcement, record_key, revoke_statement
 from sapo.identity.keys import (
     KEY_ID_RE,
@@ -99,7 +100,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _add_kafka_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap", required=True, help="bootstrap.servers of the swarm cluster")
     parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="topic prefix (default: %(default)s)")
-    parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the ack")
+    parser.add_argument("--timeout", type=positive_seconds, default=30.0, help="seconds to wait for the ack")
 
 
 Publish = Callable[[str, str, bytes, bytes, float], tuple[int, int]]
@@ -119,8 +120,10 @@ def run(args: argparse.Namespace, publish: Publish) -> int:
 
 def _generate(args: argparse.Namespace, _publish: Publish) -> int:
     key = NodeKey.generate()
-    write_private(args.path, key)
     public_path = args.path.with_name(args.path.name + ".pub")
+    if public_path.exists():  # another key's public half: replacing it would orphan that key's trust
+        raise IdentityError(f"{public_path} exists; remove it first or choose another path")
+    write_private(args.path, key)
     write_public(public_path, key)
     print(f"private_key={args.path}\npublic_key_file={public_path}")
     _print_key(key.key_id, key.public_text)
@@ -164,7 +167,10 @@ def _trust(args: argparse.Namespace, _publish: Publish) -> int:
     if args.admin is not None:
         trust = trust.with_admin(_public_of(args.admin))
     if args.remove is not None:
-        trust = trust.without_key(args.remove, revoke=args.revoke)
+        kept = trust.without_key(args.remove, revoke=args.revoke)
+        if kept.nodes == trust.nodes and not args.revoke:  # revoking a key never trusted is allowed
+            raise IdentityError(f"no node in {args.file} has key {args.remove}; nothing removed")
+        trust = kept
     save_trust_list(args.file, trust)
     print(f"trust_file={args.file}\nnodes={len(trust.nodes)}\nadmins={len(trust.admins)}")
     return 0

@@ -121,6 +121,8 @@ def write_private(path: Path, key: NodeKey) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         raise IdentityError(f"{path} exists; remove it first or choose another path") from None
+    except OSError as exc:
+        raise IdentityError(f"cannot write {path}: {exc.strerror}") from None
     with os.fdopen(fd, "wb") as out:
         out.write(key.pem())
 

@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
+from sapo.cliargs import positive_int, positive_seconds
 from sapo.inspect.decode import to_entry
 from sapo.inspect.query import Filter, IntRange
 from sapo.inspect.reader import Bounds, InspectError, Start, Stats, TopicReader, read
@@ -94,20 +95,6 @@ def _range(text: str) -> IntRange:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _positive(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {number}")
-    return number
-
-
-def _seconds(value: str) -> float:
-    number = float(value)
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {number}")
-    return number
-
-
 def _property(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -164,13 +151,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     start = where.add_mutually_exclusive_group()
     start.add_argument("--from-beginning", action="store_true", help="every retained message")
     start.add_argument("--from-end", action="store_true", help="only messages that arrive from now (follows)")
-    start.add_argument("--last", type=_positive, metavar="N", help="the newest N matching messages")
+    start.add_argument("--last", type=positive_int, metavar="N", help="the newest N matching messages")
     start.add_argument("--since", metavar="TIME", help="messages since 10m / 2h / 1d ago or an ISO time")
     until = parser.add_argument_group("when to stop (default: when nothing arrived for --idle)")
     until.add_argument("-f", "--follow", action="store_true", help="keep reading new messages (tail -f)")
-    until.add_argument("--max-messages", type=_positive, metavar="N", help="stop after N matching messages")
-    until.add_argument("--duration", type=_seconds, metavar="S", help="stop after S seconds")
-    until.add_argument("--idle", type=_seconds, metavar="S", help="the end is S seconds without a message")
+    until.add_argument(
+        "--max-messages", type=positive_int, metavar="N", help="stop after N matching messages"
+    )
+    until.add_argument("--duration", type=positive_seconds, metavar="S", help="stop after S seconds")
+    until.add_argument(
+        "--idle", type=positive_seconds, metavar="S", help="the end is S seconds without a message"
+    )
     which = parser.add_argument_group("filters (repeat a flag for any of several values)")
     which.add_argument("--node", dest="nodes", action="append", default=[], help="producing/owning node")
     which.add_argument("--task", dest="tasks", action="append", default=[], help="task (dataset) name")

@@ -231,18 +231,38 @@ def parse_manifest(data: dict[str, Any]) -> SwarmManifest:
     if not isinstance(data, dict) or "nodes" not in data:
         raise ConfigError("swarm manifest: expected a mapping with a `nodes` list")
     defaults = data.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        raise ConfigError(f"swarm manifest: `defaults` is a mapping of settings, got {defaults!r}")
+    nodes = data["nodes"]
+    if not isinstance(nodes, list):
+        raise ConfigError(
+            "swarm manifest: `nodes` is a list of nodes (`- id: node-a`, ...), got a " + type(nodes).__name__
+        )
+    for index, node in enumerate(nodes):
+        if not isinstance(node, dict):
+            raise ConfigError(
+                f"swarm manifest: nodes[{index}] is a mapping with an `id` and settings, got {node!r}"
+            )
     body = {k: v for k, v in data.items() if k != "defaults"}
-    body["nodes"] = [_merge(defaults, n) for n in data["nodes"]]
+    body["nodes"] = [_merge(defaults, n) for n in nodes]
     try:
         manifest = SwarmManifest(**body)
     except ValidationError as exc:
-        lines = ["invalid swarm manifest:"]
-        for err in exc.errors():
-            where = ".".join(str(p) for p in err["loc"])
-            lines.append(f"  {where}: {err['msg']}")
-        raise ConfigError("\n".join(lines)) from None
+        raise ConfigError("\n".join(["invalid swarm manifest:", *validation_lines(exc)])) from None
     _check_settings(manifest)
     return manifest
+
+
+def validation_lines(exc: ValidationError) -> list[str]:
+    """One line per problem, named by its manifest key. pydantic adds "nodes: should have at least 1 item"
+    when every node failed, which reads as if the manifest had none: left out when nodes failed."""
+    errors = exc.errors()
+    node_failed = any(len(err["loc"]) > 1 and err["loc"][0] == "nodes" for err in errors)
+    return [
+        f"  {'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
+        for err in errors
+        if not (node_failed and tuple(err["loc"]) == ("nodes",) and err["type"] == "too_short")
+    ]
 
 
 def load_manifest(path: Path) -> SwarmManifest:

@@ -161,6 +161,25 @@ def test_cli_plan_only_writes_the_plan_and_bad_configurations_fail_with_what_to_
     assert "neither a shipped scenario" in caplog.text
 
 
+def test_cli_mistakes_are_one_line_errors_not_tracebacks(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "plan"
+    for flags in (["--eval-questions", "-4"], ["--eval-samples", "0"], ["--report-only"], ["--nodes", "0"]):
+        with pytest.raises(SystemExit) as usage:
+            main(["experiment", "--out", str(out), "--plan-only", *flags])
+        assert usage.value.code == 2
+    assert "not allowed with argument --plan-only" in capsys.readouterr().err
+    taken = tmp_path / "a-file"
+    taken.write_text("")
+    assert main(["experiment", "--out", str(taken), "--plan-only"]) == 1
+    assert f"File exists: {taken}" in caplog.text
+    assert main(["experiment", "--out", str(tmp_path / "empty"), "--report-only"]) == 1
+    assert "no finished runs under" in caplog.text
+    assert main(["results", "--root", str(tmp_path / "absent")]) == 1
+    assert "Traceback" not in caplog.text
+
+
 def test_invocations_split_by_configuration_leave_the_whole_experiment_recorded(tmp_path: Path) -> None:
     plan_only = ["experiment", "--scenario", "selection", "--out", str(tmp_path / "split"), "--plan-only"]
     assert main([*plan_only, "--configs", "4/4"]) == 0

@@ -58,7 +58,37 @@ def test_refusals_exit_1_and_leave_files_alone(tmp_path: Path, capsys: pytest.Ca
     assert main(["keys", "trust", str(trust), "--node", "node-1", "--key", str(key_path)]) == 1
     assert main(["keys", "trust", str(trust), "--node", "node-1"]) == 1
     assert main(["keys", "show", str(tmp_path / "missing")]) == 1
+    assert main(["keys", "trust", str(trust), "--remove", "0" * 32]) == 1  # a key id nobody has
     assert trust.read_text() == listed
+    public = key_path.with_name("k.key.pub").read_bytes()
+    key_path.rename(tmp_path / "k.key.bak")  # the public half of that key stays: not replaced
+    assert main(["keys", "generate", str(key_path)]) == 1
+    assert key_path.with_name("k.key.pub").read_bytes() == public and not key_path.exists()
+    assert main(["keys", "generate", str(tmp_path / "no-such-folder" / "k.key")]) == 1
+
+
+def test_bad_durations_are_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    """A negative wait was taken as forever by the Kafka client: `sapo topics --timeout -5` hung."""
+    for command in (
+        ["topics", "--bootstrap", "127.0.0.1:1", "--node", "n0", "--timeout", "-5"],
+        [
+            "keys",
+            "revoke",
+            "--bootstrap",
+            "127.0.0.1:1",
+            "--node",
+            "n0",
+            "--key-id",
+            "0" * 32,
+            "--timeout",
+            "nan",
+        ],
+        ["inspect", "--bootstrap", "127.0.0.1:1", "swarm", "--idle", "0"],
+    ):
+        with pytest.raises(SystemExit) as exc:
+            main(command)
+        assert exc.value.code == 2
+        assert "must be a number of seconds > 0" in capsys.readouterr().err
 
 
 def test_bad_arguments_are_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:

@@ -55,6 +55,28 @@ def test_errors_say_what_to_fix(nodes: list[dict[str, object]], message: str) ->
         parse_manifest({"defaults": {"rounds": 2}, "nodes": nodes})
 
 
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"nodes": {"node-a": {"seed": 1}}}, "`nodes` is a list of nodes .*got a dict"),
+        ({"nodes": [5]}, r"nodes\[0\] is a mapping .*got 5"),
+        ({"defaults": 3, "nodes": [{"id": "a"}]}, "`defaults` is a mapping of settings, got 3"),
+    ],
+)
+def test_a_manifest_of_the_wrong_shape_says_so(data: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_manifest(data)
+
+
+def test_nodes_that_all_fail_are_not_reported_as_no_nodes() -> None:
+    with pytest.raises(ConfigError) as error:
+        parse_manifest({"defaults": {"rounds": -2}, "nodes": [{"id": "a"}, {"id": "b"}]})
+    assert str(error.value).splitlines()[1:] == [
+        "  nodes.0.rounds: Input should be greater than 0",
+        "  nodes.1.rounds: Input should be greater than 0",
+    ]
+
+
 def test_unset_short_keys_take_the_services_defaults(tmp_path: Path) -> None:
     manifest = parse_manifest({"nodes": [{"id": "a", "rounds": 2}, {"id": "b", "rounds": 2, "seed": 5}]})
     a, b = (resolve(manifest, n, tmp_path) for n in manifest.nodes)
