@@ -28,6 +28,7 @@ from sapo.broker import DEFAULT_HOST, STORAGE_URL, BrokerError, EmbeddedBroker
 from sapo.cliargs import positive_int, positive_seconds
 from sapo.clientlog import LIBRDKAFKA_LOG
 from sapo.conformance import cli as conformance_cli
+from sapo.experiment.shipped import scenario_names
 from sapo.identity import cli as keys_cli
 from sapo.inspect import cli as inspect_cli
 from sapo.inspect.reader import InspectError
@@ -199,8 +200,6 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 
 def _add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
-    from sapo.experiment.plan import scenario_names
-
     parser.add_argument(
         "--scenario",
         "--profile",

@@ -46,10 +46,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from sapo.experiment.shipped import SCENARIO_DIR, scenario_names
 from sapo.settings import ConfigError
 from sapo.swarm.manifest import SwarmManifest, parse_manifest
 
-SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 SERVICE_KEYS = ("generator", "sampler", "trainer")
 _MIX = re.compile(r"^(\d+)/(\d+)$")
 _CONFIG_NAME = r"^[a-z0-9][a-z0-9/_-]{0,31}$"
@@ -148,11 +148,6 @@ class Scenario:
             "confirm": self.confirm,
             "overrides": dict(self.overrides),
         }
-
-
-def scenario_names() -> list[str]:
-    """The shipped scenarios (file stems under SCENARIO_DIR)."""
-    return sorted(p.stem for p in SCENARIO_DIR.glob("*.yaml"))
 
 
 def parse_mix(text: str) -> tuple[int, int] | None:
