@@ -17,9 +17,9 @@ from sapo.experiment.plan import (
     node_seed,
     parse_assignment,
     run_name,
-    scenario_names,
     select,
 )
+from sapo.experiment.shipped import scenario_names
 from sapo.sampler.assembler import RoundMode
 from sapo.settings import ConfigError
 from sapo.swarm.manifest import parse_manifest, resolve
