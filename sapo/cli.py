@@ -295,7 +295,8 @@ def _publish_record(
     bootstrap: str, topic: str, key: bytes, value: bytes, timeout_s: float
 ) -> tuple[int, int]:
     """One record, acknowledged (`sapo keys announce` and `revoke`); DeliveryError when it is not."""
-    return KafkaPublisher({"bootstrap.servers": bootstrap}).send_sync(topic, key, value, timeout_s=timeout_s)
+    publisher = KafkaPublisher({"bootstrap.servers": bootstrap}, setting="--bootstrap")
+    return publisher.send_sync(topic, key, value, timeout_s=timeout_s)
 
 
 def _add_results_arguments(parser: argparse.ArgumentParser) -> None:
@@ -321,6 +322,11 @@ def _add_report_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_report(args: argparse.Namespace) -> int:
+    if not args.run_dir.is_dir():
+        log.error(
+            "%s is no directory: give a run directory of `sapo swarm` (runs/<name>-<time>)", args.run_dir
+        )
+        return 1
     totals = report.contribution_totals(args.run_dir)
     if not totals:
         log.error(

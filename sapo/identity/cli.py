@@ -209,7 +209,12 @@ def _publish(
     try:
         partition, offset = publish(args.bootstrap, topic, record_key(statement), value, args.timeout)
     except RuntimeError as exc:
-        log.error("%s (create the topic with `sapo topics`)", exc)
+        log.error(
+            "%s: check that --bootstrap %s reaches the cluster and that %s exists (`sapo topics`)",
+            exc,
+            args.bootstrap,
+            topic,
+        )
         return 1
     print(f"topic={topic}\npartition={partition}\noffset={offset}")
     print(f"node={statement.node_id}\nkey_id={statement.key_id}")

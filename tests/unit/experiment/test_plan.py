@@ -177,6 +177,8 @@ def test_cli_mistakes_are_one_line_errors_not_tracebacks(
     assert main(["experiment", "--out", str(tmp_path / "empty"), "--report-only"]) == 1
     assert "no finished runs under" in caplog.text
     assert main(["results", "--root", str(tmp_path / "absent")]) == 1
+    assert main(["report", str(tmp_path / "absent")]) == 1
+    assert "absent is no directory" in caplog.text
     assert "Traceback" not in caplog.text
 
 
