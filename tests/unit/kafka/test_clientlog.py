@@ -4,6 +4,7 @@ cluster as one error naming the setting, and a send that a stop cuts short."""
 from __future__ import annotations
 
 import logging
+import re
 import socket
 import time
 
@@ -100,7 +101,9 @@ def test_a_real_client_out_of_reach_logs_through_python_logging_and_a_stop_ends_
     refused = [r for r in caplog.records if r.name == LIBRDKAFKA_LOG.name]
     assert refused and all(bootstrap in r.getMessage() for r in refused)
     named = [r.getMessage() for r in caplog.records if r.name == "sapo.clientlog"]
-    assert named == [
-        f"no Kafka broker reachable at {bootstrap} (1/1 brokers are down): check "
+    # librdkafka's own count in the middle varies with timing ("1/1", once "0/2" in CI).
+    expected = (
+        rf"no Kafka broker reachable at {re.escape(bootstrap)} \(\d+/\d+ brokers are down\): check "
         "SAPO_X_KAFKA__BOOTSTRAP_SERVERS and that the brokers are up and listening there; retrying"
-    ]
+    )
+    assert len(named) == 1 and re.fullmatch(expected, named[0]), named
