@@ -168,6 +168,24 @@ def test_kafka_user_acls_cover_exactly_the_nodes_topics_and_groups() -> None:
     assert found[("group", "sapo.node-7.", "prefix")] == ["Read", "Describe"]
 
 
+def test_kafka_user_may_read_the_keys_topic_it_follows() -> None:
+    """With identity.keysTopic the sampler reads <prefix>.swarm.keys: the user may read it, not write it
+    (operators publish keys with their own credentials); without it, or with identity off, no ACL."""
+    from sapo.topics import TopicNames
+
+    keys = TopicNames.for_node("node-7", "sapo").swarm_keys
+    following = ("kafkaUser.enabled=true", "nodeId=node-7", "identity.mode=tofu", "identity.keySecret.name=k")
+    following += ("identity.keysTopic=true",)
+    (user,) = of_kind(render(None, *following), "KafkaUser")
+    assert acls(user)[("topic", keys, "literal")] == ["Read", "Describe", "DescribeConfigs"]
+    for off in ("identity.keysTopic=false", "identity.mode=off"):
+        (user,) = of_kind(render(None, *following, off), "KafkaUser")
+        assert ("topic", keys, "literal") not in acls(user), off
+    swarm_elsewhere = ("swarmKafka.enabled=true", "swarmKafka.bootstrapServers=swarm:9092")
+    (user,) = of_kind(render(None, *following, *swarm_elsewhere), "KafkaUser")
+    assert ("topic", keys, "literal") not in acls(user)
+
+
 def test_consumer_groups_fall_under_the_group_acl() -> None:
     """Every group the services join starts with the prefix the KafkaUser's group ACL allows."""
     (user,) = of_kind(render(None, "kafkaUser.enabled=true", "nodeId=node-7"), "KafkaUser")
