@@ -244,7 +244,7 @@ SKIP_REASONS = (
     "prompt_too_long",
     "empty",
 )
-BATCH_OUTCOMES = ("trained", "empty", "duplicate")
+BATCH_OUTCOMES = ("trained", "empty", "duplicate", "quarantined")
 PUBLISH_OUTCOMES = ("written", "verified", "diverged", "skipped")
 STEP_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
 CHECKPOINT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32)

@@ -171,6 +171,27 @@ def rule_groups() -> list[dict[str, Any]]:
     return groups
 
 
+@pytest.mark.parametrize(
+    ("duration", "seconds"),
+    [("45m", 2700), ("1h30m", 5400), ("1800000ms", 1800), ("1d2h", 93600), ("1y", 31536000)],
+)
+def test_a_stalled_alert_waits_out_its_window_after_a_start(duration: str, seconds: int) -> None:
+    """The warm-up of SapoSamplerNotEmitting is its window in seconds, whichever Prometheus units the
+    schema accepts it in."""
+    (rule,) = of_kind(
+        render(
+            None, "prometheusRule.enabled=true", f"prometheusRule.thresholds.samplerStalledFor={duration}"
+        ),
+        "PrometheusRule",
+    )
+    (alert,) = [
+        r for g in rule["spec"]["groups"] for r in g["rules"] if r.get("alert") == "SapoSamplerNotEmitting"
+    ]
+    assert re.search(rf"time\(\) - process_start_time_seconds\{{[^}}]*\}} > {seconds}\)", alert["expr"]), (
+        alert["expr"]
+    )
+
+
 def test_promtool_check_rules(tmp_path: Path) -> None:
     promtool = require_tool("promtool")
     rules = tmp_path / "sapo-node.rules.yaml"
@@ -220,6 +241,32 @@ def test_dashboard_configmap() -> None:
     assert len(ids) == len(set(ids))
 
 
+def test_dashboard_opens_on_one_node_of_the_release_namespace() -> None:
+    """Every panel aggregates over the selected nodes, so the picker takes one node; the namespace it
+    lists nodes of is the release's, where the node's metrics are scraped."""
+    _, board = dashboard("nodeId=node-7")
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert not variables["node"]["multi"] and not variables["node"]["includeAll"]
+    assert variables["namespace"]["current"]["value"] == NAMESPACE
+
+
+def test_nodes_sharing_a_grafana_and_a_strimzi_namespace_get_objects_of_their_own() -> None:
+    """Two nodes installed under one release name (in two namespaces) put their KafkaTopics into the
+    one Strimzi namespace and their dashboards into the one Grafana: names and uids follow the node
+    id, whole: ids of the longest length that differ only at their end get uids of their own."""
+    long_a, long_b = "n" * 47 + "a", "n" * 47 + "b"
+    names, uids = [], []
+    for node in ("node-a", "node-b", long_a, long_b):
+        cm, board = dashboard(f"nodeId={node}", "kafkaTopics.enabled=true")
+        docs = render(None, "grafanaDashboard.enabled=true", f"nodeId={node}", "kafkaTopics.enabled=true")
+        names.append({d["metadata"]["name"] for d in docs if d["kind"] in ("KafkaTopic", "ConfigMap")})
+        uids.append(board["uid"])
+        assert len(board["uid"]) <= 40 and cm["metadata"]["name"].endswith("-dashboard")
+    for i, mine in enumerate(names):
+        assert all(not mine & other for other in names[i + 1 :])
+    assert len(set(uids)) == 4 and uids[0] == "sapo-node-node-a"
+
+
 def queried_metrics() -> dict[str, set[str]]:
     """Metric names used by the alert expressions and dashboard queries, by service."""
     exprs = [r["expr"] for g in rule_groups() for r in g["rules"]]
@@ -235,9 +282,9 @@ def queried_metrics() -> dict[str, set[str]]:
     return names
 
 
-def declared_metrics(service: str) -> set[str]:
-    """Names on a registry after the transport metrics and the service's own metrics are built, and
-    the compute gate's where the launcher gives the service one."""
+def service_registry(service: str) -> CollectorRegistry:
+    """A registry after the transport metrics and the service's own metrics are built, and the
+    compute gate's where the launcher gives the service one."""
     registry = CollectorRegistry()
     TransportMetrics(registry, service)
     if service in GATED:
@@ -248,8 +295,13 @@ def declared_metrics(service: str) -> set[str]:
         SamplerMetrics(registry)
     else:
         TrainerMetrics(registry)
+    return registry
+
+
+def declared_metrics(service: str) -> set[str]:
+    """The metric names a service exposes (counters with `_total`, histograms' three series)."""
     names = set()
-    for family in registry.collect():
+    for family in service_registry(service).collect():
         if family.type == "counter":
             names.add(family.name + "_total")
         elif family.type == "histogram":
@@ -257,6 +309,31 @@ def declared_metrics(service: str) -> set[str]:
         else:
             names.add(family.name)
     return names
+
+
+def test_alerted_counter_series_exist_before_their_first_count() -> None:
+    """An alert on `increase(counter{label="value"}[w]) > 0` misses the first count of a series that
+    is born at 1 (increase needs two samples of it): every series an alert picks by label equality
+    is exposed at 0 from the start."""
+    exposed = {
+        (sample.name, label, value)
+        for service in SERVICES
+        for family in service_registry(service).collect()
+        for sample in family.samples
+        for label, value in sample.labels.items()
+    }
+    picked = [
+        (f"sapo_{service}_{rest}", label, value)
+        for group in rule_groups()
+        for rule in group["rules"]
+        for service, rest, selector in re.findall(
+            r"\bsapo_(generator|sampler|trainer)_([a-z0-9_]+)\{([^}]*)\}", rule["expr"]
+        )
+        for label, value in re.findall(r"\b(outcome|reason|kind|mode)=\"([^\"]+)\"", selector)
+    ]
+    assert picked, "no alert picks a series by label: the pattern above is out of date"
+    missing = sorted(set(picked) - exposed)
+    assert not missing, f"alerted series not exposed before their first count: {missing}"
 
 
 def test_alerts_and_dashboard_query_declared_metrics() -> None:
