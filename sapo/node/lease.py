@@ -5,12 +5,15 @@ versions: a second copy of either (`kubectl scale`, a rolling update's overlap, 
 comes back) would fork them. Each of the two holds a lease on `<prefix>.node.<id>.leases` (compacted,
 one partition, key = role) before it writes anything:
 
-- Acquire: read the topic to its end (until idle: the embedded broker's high watermark is wrong). If
-  the latest record of the role is another owner's and still live (renewed within its `ttl_s`, not
-  released), wait as a standby: log it, export `sapo_<service>_lease_held 0`, keep readiness false and
-  write nothing. Otherwise write an acquisition record; its offset in the single partition (+ 1) is
-  the lease's *epoch*, unique and increasing. Read on for a grace period: if another acquisition with a
-  higher epoch shows up, the later one won and this process stands by.
+- Acquire: read the topic to its end (until idle: the embedded broker's high watermark is wrong). If the
+  latest record of the role is another owner's and still live (renewed within its `ttl_s`, not
+  released), wait as a standby: log it, export `sapo_<service>_lease_held 0` and write nothing. A
+  standby is ready (`LEASE_READ`), as a leader-elected Kubernetes controller's standby is: it is doing
+  its job, and a Deployment with a standby that never turned ready would never finish a rollout
+  (`kubectl rollout status`, `helm --wait`). `lease_held` says which copy is active. Otherwise write an
+  acquisition record; its offset in the single partition (+ 1) is the lease's *epoch*, unique and
+  increasing. Read on for a grace period: if another acquisition with a higher epoch shows up, the later
+  one won and this process stands by.
 - Hold: renew every `ttl_s / 3`, and call `check()` before every write. It reads the topic without
   waiting; a record of the role with a higher epoch means another process took over (this one
   was paused or partitioned past its lease): `FencedError` is raised, counted
@@ -62,8 +65,9 @@ from sapo.wire import SCHEMA_VERSION, InvalidMessageError, decode, message_heade
 
 log = logging.getLogger(__name__)
 
-LEASE_HELD: Final = "lease_held"
-"""The readiness condition of a service that writes only while it holds its lease."""
+LEASE_READ: Final = "lease"
+"""The readiness condition of a service that writes only while it holds its lease: the leases topic
+was read and this process holds the lease or stands by behind a live holder."""
 CHECK_EVERY_S: Final = 0.5
 """How often the service loop's `check` reads the leases topic (every write reads it anyway)."""
 STALE_FRACTION: Final = 0.8
@@ -172,7 +176,7 @@ class Lease:
             stream_of=lambda _topic: "leases",
             poll_timeout_s=0.0,
         )
-        health.require(LEASE_HELD)
+        health.require(LEASE_READ)
 
     def acquire(self) -> bool:
         """Block until this process holds the lease (True), or the stop flag is set (False)."""
@@ -195,6 +199,7 @@ class Lease:
                     )
                     warned = True
                 self._metrics.held.set(0)
+                self._health.set(LEASE_READ, True)
                 self._stop.wait(min(1.0, self._ttl_s / 3))
                 continue
             try:
@@ -210,7 +215,7 @@ class Lease:
                 self.epoch = self.holder.epoch
                 self._metrics.held.set(1)
                 self._metrics.epoch.set(self.epoch)
-                self._health.set(LEASE_HELD, True)
+                self._health.set(LEASE_READ, True)
                 log.info(
                     "holding the %s lease of node %s with epoch %d", self._role, self._node_id, self.epoch
                 )
@@ -269,7 +274,7 @@ class Lease:
     def _lose(self, error: FencedError | LeaseLostError) -> None:
         self._metrics.fenced.inc()
         self._metrics.held.set(0)
-        self._health.set(LEASE_HELD, False)
+        self._health.set(LEASE_READ, False)
         self.epoch = 0
         log.error("%s", error)
         raise error

@@ -30,10 +30,11 @@ class Clock:
 
 
 REGISTRIES: dict[int, CollectorRegistry] = {}
+HEALTHS: dict[int, Health] = {}
 
 
 def lease(bus: MemoryBus, clock: Clock, name: str, publisher: Publisher | None = None) -> Lease:
-    registry = CollectorRegistry()
+    registry, health = CollectorRegistry(), Health()
     made = Lease(
         MemoryConsumerClient(bus, f"lease-{name}"),
         publisher or MemoryPublisher(bus),
@@ -44,11 +45,12 @@ def lease(bus: MemoryBus, clock: Clock, name: str, publisher: Publisher | None =
         idle_s=0.0,
         metrics=LeaseMetrics(registry, "sampler"),
         transport=TransportMetrics(registry, "sampler"),
-        health=Health(),
+        health=health,
         stop=StopFlag(),
         clock=clock,
     )
     REGISTRIES[id(made)] = registry
+    HEALTHS[id(made)] = health
     return made
 
 
@@ -80,6 +82,8 @@ def test_a_second_process_stands_by_until_the_holder_releases() -> None:
     thread.join(timeout=1.5)
     assert thread.is_alive() and standby.epoch == 0  # waits, writes nothing
     assert metric(standby, "sapo_sampler_lease_held") == 0
+    # Ready all the same, as the holder: a Deployment with a standby finishes its rollout.
+    assert HEALTHS[id(standby)].failing() == [] and HEALTHS[id(holder)].failing() == []
     first_epoch = holder.epoch
     holder.release()
     thread.join(timeout=5)
