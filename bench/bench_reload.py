@@ -150,7 +150,7 @@ def bare_store(model: torch.nn.Module, written: Written) -> float:
     started = time.perf_counter()
     state: dict[str, torch.Tensor] = {}
     for entry in written.manifest.weights:
-        state.update(load(storage.read_bytes(written.directory / entry.name)))
+        state.update(load(storage.read_bytes(written.directory / entry.name, max_bytes=entry.bytes)))
     model.load_state_dict(state, strict=False)
     return time.perf_counter() - started
 

@@ -36,7 +36,7 @@ QUICK: dict[str, str] = {
 SLOW: dict[str, str] = {
     "bench_idle": "--rounds 1 --settle-s 1 --window-s 2",
     "bench_replicas": "--model tiny:0 --rounds 2 --completions 2 --repeats 1 --max-seconds 240",
-    "bench_reload": "--repeats 1 --stores file --replicas 1",
+    "bench_reload": "--repeats 1 --replicas 1",
     "bench_generator": "--rounds 1 --max-new-tokens 4 --samples 2 --dtype fp32",
     "bench_cpu_generation": "--rounds 1 --questions 1 --samples 2 --max-new-tokens 4",
 }
