@@ -320,6 +320,16 @@ def test_install_notes_ask_for_the_swarm_size_until_it_is_set() -> None:
         assert "EXPECTED_PEERS" not in install_notes(f"sampler.settings.EXPECTED_PEERS={peers}")
 
 
+def test_install_notes_create_topics_that_take_the_message_size_and_name_the_users_credentials() -> None:
+    """The topics command NOTES give makes topics that take the services' largest message; a
+    tls-external KafkaUser gets no Secret from the User Operator, and NOTES do not promise one."""
+    assert "--max-message-bytes 4194304`" in install_notes("maxMessageBytes=4194304")
+    tls = install_notes("kafkaUser.enabled=true")
+    assert "the User Operator writes its credentials" in tls
+    external = install_notes("kafkaUser.enabled=true", "kafkaUser.authentication=tls-external")
+    assert "writes no credentials" in external and "writes its credentials" not in external
+
+
 # --- env contract --------------------------------------------------------------------------------
 
 
@@ -407,6 +417,7 @@ def test_schema_rejects(override: str, complaint: str) -> None:
         (("model=m", "trainer.settings.MODEL=other"), "set the model once"),
         (("identity.mode=tofu",), "a verifying node must sign; set identity.keySecret.name"),
         (("identity.mode=strict", "identity.keySecret.name=k"), "set identity.trustConfigMap.name"),
+        (("identity.keysTopic=true",), "identity.keysTopic=true needs identity.mode strict or tofu"),
         (("trainer.standby=true",), "trainer.standby needs checkpoints.url or a ReadWriteMany claim"),
         (
             ("kafkaTopics.enabled=true", "generator.replicas=12"),

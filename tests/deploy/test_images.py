@@ -20,7 +20,8 @@ from tests.deploy.helm import ROOT, deployment, env_of, render
 pytestmark = pytest.mark.unit
 DOCKER = ROOT / "deploy/docker"
 IMAGE_SH = ROOT / "scripts/image.sh"
-CACHE_VARIABLES = ("XDG_CACHE_HOME", "SAPO_CACHE_DIR", "HF_HOME", "TRITON_CACHE_DIR")
+CACHE_VARIABLES = ("XDG_CACHE_HOME", "SAPO_CACHE_DIR", "HF_HOME", "TRITON_CACHE_DIR", "MPLCONFIGDIR")
+IMAGE_CACHE = "/var/cache/sapo"
 
 
 def pins(lock: Path) -> dict[str, str]:
@@ -70,9 +71,20 @@ def test_dockerfiles_match_the_chart_and_the_image_script(dockerfile: str) -> No
     assert text.index("requirements-model.lock") < text.index("COPY sapo sapo")
     env = dockerfile_env(DOCKER / dockerfile)
     chart = {v["name"]: v.get("value") for v in env_of(deployment(render(None), "trainer"))}
-    for name in CACHE_VARIABLES:
+    # Every cache the image points into its cache directory, the chart points into its cache volume
+    # (wherever cache.mountPath puts it); the default mount path is the image's directory.
+    cached = {name for name, value in env.items() if value.startswith(IMAGE_CACHE)}
+    assert set(CACHE_VARIABLES) <= cached
+    for name in cached:
         assert env[name] == chart[name], name
-        assert f'--env {name}="$CACHE' in IMAGE_SH.read_text() or name == "XDG_CACHE_HOME"
+        assert f'--env {name}="$CACHE' in IMAGE_SH.read_text() or name in (
+            "XDG_CACHE_HOME",
+            "VLLM_CACHE_ROOT",
+        )
+    moved = {
+        v["name"]: v.get("value") for v in env_of(deployment(render(None, "cache.mountPath=/c"), "trainer"))
+    }
+    assert all(moved[name] == "/c" + env[name].removeprefix(IMAGE_CACHE) for name in cached)
     # Huge pages for torch's per-step tensors (sapo.malloc): the loader reads it before any of our code.
     assert env["GLIBC_TUNABLES"] == MALLOC_TUNABLE
     assert f"--env GLIBC_TUNABLES={MALLOC_TUNABLE} " in IMAGE_SH.read_text()

@@ -6,6 +6,7 @@ classes, spreading, common labels, extra objects).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,14 @@ def test_every_cache_path_is_on_a_writable_volume(scenario: Path) -> None:
         assert c["securityContext"]["readOnlyRootFilesystem"] is True
         writable = [m["mountPath"] for m in c["volumeMounts"] if not m.get("readOnly")]
         env = env_map(dep)
-        for var in ("SAPO_CACHE_DIR", "XDG_CACHE_HOME", "HF_HOME", "TRITON_CACHE_DIR"):
+        for var in (
+            "SAPO_CACHE_DIR",
+            "XDG_CACHE_HOME",
+            "HF_HOME",
+            "TRITON_CACHE_DIR",
+            "MPLCONFIGDIR",
+            "VLLM_CACHE_ROOT",
+        ):
             assert any(env[var] == p or env[var].startswith(p + "/") for p in writable), (var, env[var])
 
 
@@ -170,17 +178,16 @@ def test_kafka_user_acls_cover_exactly_the_nodes_topics_and_groups() -> None:
 
 def test_kafka_user_may_read_the_keys_topic_it_follows() -> None:
     """With identity.keysTopic the sampler reads <prefix>.swarm.keys: the user may read it, not write it
-    (operators publish keys with their own credentials); without it, or with identity off, no ACL."""
+    (operators publish keys with their own credentials); without it, no ACL."""
     from sapo.topics import TopicNames
 
     keys = TopicNames.for_node("node-7", "sapo").swarm_keys
-    following = ("kafkaUser.enabled=true", "nodeId=node-7", "identity.mode=tofu", "identity.keySecret.name=k")
-    following += ("identity.keysTopic=true",)
+    tofu = ("kafkaUser.enabled=true", "nodeId=node-7", "identity.mode=tofu", "identity.keySecret.name=k")
+    following = (*tofu, "identity.keysTopic=true")
     (user,) = of_kind(render(None, *following), "KafkaUser")
     assert acls(user)[("topic", keys, "literal")] == ["Read", "Describe", "DescribeConfigs"]
-    for off in ("identity.keysTopic=false", "identity.mode=off"):
-        (user,) = of_kind(render(None, *following, off), "KafkaUser")
-        assert ("topic", keys, "literal") not in acls(user), off
+    (user,) = of_kind(render(None, *tofu), "KafkaUser")
+    assert ("topic", keys, "literal") not in acls(user)
     swarm_elsewhere = ("swarmKafka.enabled=true", "swarmKafka.bootstrapServers=swarm:9092")
     (user,) = of_kind(render(None, *following, *swarm_elsewhere), "KafkaUser")
     assert ("topic", keys, "literal") not in acls(user)
@@ -297,6 +304,15 @@ def test_network_policy_allows_dns_kafka_and_scrapes_only() -> None:
         render(None, "networkPolicy.enabled=true", "networkPolicy.objectStore.enabled=true"), "NetworkPolicy"
     )
     assert with_store[0]["spec"]["egress"][-1]["ports"] == [{"port": 443, "protocol": "TCP"}]
+    # A store at an endpoint of its own is reached on its port: MinIO's 9000, a plain-HTTP 80.
+    for endpoint, ports in (
+        ("http://minio.storage:9000", [443, 9000]),
+        ("https://s3.x", [443]),
+        ("http://m", [443, 80]),
+    ):
+        store = ("networkPolicy.enabled=true", "checkpoints.url=s3://b/p", f"checkpoints.endpoint={endpoint}")
+        (policy,) = of_kind(render(None, *store), "NetworkPolicy")
+        assert [p["port"] for p in policy["spec"]["egress"][-1]["ports"]] == ports, endpoint
 
 
 def test_priority_runtime_class_and_spreading() -> None:
@@ -341,6 +357,16 @@ def test_extra_objects_are_templated() -> None:
         ("networkPolicy.kafka.ports[0]=0", "ports"),
         ("commonLabels.-bad=x", "-bad"),
         ("kafka.clientCertSecret.cert=user.crt", "cert"),
+        ("generator.podDisruptionBudget.maxUnavailable=150%", "maxUnavailable"),
+        (
+            "commonLabels.app\\.kubernetes\\.io/name=x",
+            "app.kubernetes.io/name",
+        ),  # would split pods from selectors
+        ("podLabels.app\\.kubernetes\\.io/instance=x", "app.kubernetes.io/instance"),
+        ("fullnameOverride=Bad_Name", "fullnameOverride"),
+        ("nameOverride=UPPER", "nameOverride"),
+        ("image.tag=bad:tag", "tag"),
+        ("generator.replicas=1000000", "replicas"),
     ],
 )
 def test_schema_rejects_bad_platform_values(override: str, complaint: str) -> None:
@@ -380,3 +406,35 @@ def test_kind_overrides_make_every_scenario_installable_on_kind(scenario: Path) 
             v["persistentVolumeClaim"]["claimName"] for v in spec["volumes"] if "persistentVolumeClaim" in v
         ]
         assert claims in ([], ["sapo-node-checkpoints"])
+        # kind has no Secret or ConfigMap but those the chart makes: none is mounted from elsewhere.
+        made = {d["metadata"]["name"] for d in docs if d["kind"] in ("Secret", "ConfigMap")}
+        for volume in spec["volumes"]:
+            ref = volume.get("secret", {}).get("secretName") or volume.get("configMap", {}).get("name")
+            assert ref is None or ref in made, (dep["metadata"]["name"], volume)
+    for policy in of_kind(docs, "NetworkPolicy"):  # the kind Kafka's plain-text listener
+        assert any(
+            {"port": 9092, "protocol": "TCP"} in rule.get("ports", []) for rule in policy["spec"]["egress"]
+        )
+
+
+def test_names_yaml_reads_as_booleans_or_numbers_stay_strings() -> None:
+    """A release or name override such as `on` or `12345` is a YAML boolean or number unquoted, which
+    Kubernetes refuses as a label value: every label the chart writes stays a string."""
+
+    def labels(node: Any) -> Iterator[tuple[str, Any]]:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("labels", "matchLabels") and isinstance(value, dict):
+                    yield from value.items()
+                else:
+                    yield from labels(value)
+        elif isinstance(node, list):
+            for item in node:
+                yield from labels(item)
+
+    everything = ("kafkaTopics.enabled=true", "kafkaUser.enabled=true", "grafanaDashboard.enabled=true")
+    for override in ("nameOverride=on", "nameOverride=no", "strimzi.clusterName=on"):
+        found = list(labels(render(None, override, *everything)))
+        assert found and all(isinstance(v, str) for _, v in found), [
+            kv for kv in found if not isinstance(kv[1], str)
+        ]

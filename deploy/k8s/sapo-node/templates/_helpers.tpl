@@ -44,8 +44,8 @@ sapo-swarm.io/node-id: {{ .Values.nodeId | quote }}
 {{- end }}
 
 {{- define "sapo-node.selectorLabels" -}}
-app.kubernetes.io/name: {{ include "sapo-node.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/name: {{ include "sapo-node.name" . | quote }}
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
 {{- end }}
 
 {{/* Labels of one service's resources; call with (dict "root" $ "component" "generator"). */}}
@@ -232,6 +232,10 @@ Call with (dict "root" $ "component" "sampler").
   value: {{ printf "%s/huggingface" $v.cache.mountPath | quote }}
 - name: TRITON_CACHE_DIR
   value: {{ printf "%s/triton" $v.cache.mountPath | quote }}
+- name: MPLCONFIGDIR
+  value: {{ printf "%s/matplotlib" $v.cache.mountPath | quote }}
+- name: VLLM_CACHE_ROOT
+  value: {{ printf "%s/vllm" $v.cache.mountPath | quote }}
 {{- if and (ne .component "sampler") (or $v.models.download.enabled $v.models.volume) }}
 - name: HF_HUB_OFFLINE
   value: "1"
@@ -363,6 +367,14 @@ serves, else kafka.strimzi.io/v1 (Strimzi >= 0.49; 1.0 serves only v1).
 {{- end }}
 
 {{/* Name of the node's KafkaUser (also its Secret's name). */}}
+{{/* The Kubernetes name of an object that lives outside the release's namespace (the node's KafkaTopics
+in the Strimzi namespace, its dashboard in Grafana's): named by topic prefix and node id, which are
+unique in a swarm, not by release, which two nodes in two namespaces may share. Call with
+(dict "root" $ "suffix" "rollouts"). */}}
+{{- define "sapo-node.sharedName" -}}
+{{- printf "%s-node-%s-%s" (.root.Values.topicPrefix | lower | replace "_" "-" | replace "." "-") .root.Values.nodeId .suffix }}
+{{- end }}
+
 {{- define "sapo-node.kafkaUserName" -}}
 {{- default (printf "%s-%s" (.Values.topicPrefix | lower | replace "_" "-" | replace "." "-") .Values.nodeId) .Values.kafkaUser.name | trunc 63 | trimSuffix "-" }}
 {{- end }}
@@ -380,6 +392,9 @@ keys topic); the trainer shares nothing. Refuses a mode whose files are missing.
 {{- $id := .identity }}
 {{- if and (ne $id.mode "off") (not $id.keySecret.name) }}
 {{- fail (printf "identity.mode=%s: a verifying node must sign; set identity.keySecret.name (sapo keys generate)" $id.mode) }}
+{{- end }}
+{{- if and $id.keysTopic (eq $id.mode "off") }}
+{{- fail "identity.keysTopic=true needs identity.mode strict or tofu: with identity off nothing reads the keys topic" }}
 {{- end }}
 {{- if and (eq $id.mode "strict") (not $id.trustConfigMap.name) }}
 {{- fail "identity.mode=strict needs the trust list: set identity.trustConfigMap.name (sapo keys trust)" }}
@@ -446,12 +461,13 @@ keys topic); the trainer shares nothing. Refuses a mode whose files are missing.
 {{- end }}
 {{- end }}
 
-{{/* Seconds of a Prometheus duration such as 30m or 1h30m (units s, m, h, d, w). */}}
+{{/* Whole seconds of a Prometheus duration such as 30m, 1h30m or 1500ms (units ms, s, m, h, d, w, y). */}}
 {{- define "sapo-node.seconds" -}}
-{{- $unit := dict "s" 1 "m" 60 "h" 3600 "d" 86400 "w" 604800 }}
+{{- $ms := dict "ms" 1 "s" 1000 "m" 60000 "h" 3600000 "d" 86400000 "w" 604800000 "y" 31536000000 }}
 {{- $total := 0 }}
-{{- range $part := regexFindAll "[0-9]+[smhdw]" . -1 }}
-{{- $total = add $total (mul (trimSuffix (substr (sub (len $part) 1 | int) (len $part) $part) $part | int) (index $unit (substr (sub (len $part) 1 | int) (len $part) $part))) }}
+{{- range $part := regexFindAll "[0-9]+(ms|[smhdwy])" . -1 }}
+{{- $unit := regexFind "(ms|[smhdwy])$" $part }}
+{{- $total = add $total (mul (trimSuffix $unit $part | int64) (index $ms $unit)) }}
 {{- end }}
-{{- $total }}
+{{- div $total 1000 }}
 {{- end }}
