@@ -320,6 +320,27 @@ def test_install_notes_ask_for_the_swarm_size_until_it_is_set() -> None:
         assert "EXPECTED_PEERS" not in install_notes(f"sampler.settings.EXPECTED_PEERS={peers}")
 
 
+def test_tofu_pins_kept_on_a_volume_of_the_sampler() -> None:
+    def env(dep: dict[str, Any]) -> dict[str, Any]:
+        return {v["name"]: v.get("value") for v in env_of(dep)}
+
+    tofu = ("identity.mode=tofu", "identity.keySecret.name=k")
+    on_claim = render(None, *tofu, "cache.existingClaim=c", "identity.pinsFile=/var/cache/sapo/pins.json")
+    assert (
+        env(deployment(on_claim, "sampler"))["SAPO_SAMPLER_IDENTITY__PINS_FILE"]
+        == "/var/cache/sapo/pins.json"
+    )
+    mounted = (
+        "sampler.extraVolumes[0].name=pins",
+        "sampler.extraVolumes[0].persistentVolumeClaim.claimName=pins",
+        "sampler.extraVolumeMounts[0].name=pins",
+        "sampler.extraVolumeMounts[0].mountPath=/pins",
+    )
+    docs = render(None, *tofu, *mounted, "identity.pinsFile=/pins/pins.json")
+    assert env(deployment(docs, "sampler"))["SAPO_SAMPLER_IDENTITY__PINS_FILE"] == "/pins/pins.json"
+    assert "SAPO_GENERATOR_IDENTITY__PINS_FILE" not in env(deployment(docs, "generator"))
+
+
 def test_install_notes_create_topics_that_take_the_message_size_and_name_the_users_credentials() -> None:
     """The topics command NOTES give makes topics that take the services' largest message; a
     tls-external KafkaUser gets no Secret from the User Operator, and NOTES do not promise one."""
@@ -418,6 +439,15 @@ def test_schema_rejects(override: str, complaint: str) -> None:
         (("identity.mode=tofu",), "a verifying node must sign; set identity.keySecret.name"),
         (("identity.mode=strict", "identity.keySecret.name=k"), "set identity.trustConfigMap.name"),
         (("identity.keysTopic=true",), "identity.keysTopic=true needs identity.mode strict or tofu"),
+        (("identity.pinsFile=/p/pins.json",), "identity.pinsFile is kept by identity.mode=tofu only"),
+        (
+            (
+                "identity.mode=tofu",
+                "identity.keySecret.name=k",
+                "identity.pinsFile=/var/cache/sapo/pins.json",
+            ),
+            "is on no volume that outlives the sampler pod",  # the default cache is an emptyDir
+        ),
         (("trainer.standby=true",), "trainer.standby needs checkpoints.url or a ReadWriteMany claim"),
         (
             ("kafkaTopics.enabled=true", "generator.replicas=12"),

@@ -193,7 +193,7 @@ Call with (dict "root" $ "component" "sampler").
 {{- if $v.swarmKafka.enabled }}
 {{ include "sapo-node.kafkaEnv" (dict "prefix" $prefix "field" "SWARM_KAFKA" "conn" $v.swarmKafka "caPath" "/etc/sapo/swarm-kafka-ca" "certPath" "/etc/sapo/swarm-kafka-client" "client" $client) | trim }}
 {{- end }}
-{{ include "sapo-node.identityEnv" (dict "identity" $v.identity "prefix" $prefix "component" .component) }}
+{{ include "sapo-node.identityEnv" (dict "identity" $v.identity "prefix" $prefix "component" .component "root" .root) }}
 {{- if and $v.model (ne .component "sampler") }}
 {{- if hasKey $svc.settings "MODEL" }}
 {{- fail (printf "set the model once: model=%s and %s.settings.MODEL are both set" $v.model .component) }}
@@ -396,6 +396,31 @@ keys topic); the trainer shares nothing. Refuses a mode whose files are missing.
 {{- if and $id.keysTopic (eq $id.mode "off") }}
 {{- fail "identity.keysTopic=true needs identity.mode strict or tofu: with identity off nothing reads the keys topic" }}
 {{- end }}
+{{- if and $id.pinsFile (ne $id.mode "tofu") }}
+{{- fail (printf "identity.pinsFile is kept by identity.mode=tofu only (mode is %s)" $id.mode) }}
+{{- end }}
+{{- if $id.pinsFile }}
+{{- /* The root filesystem is read-only: the pins go on a volume the sampler can write and keep. */}}
+{{- $v := .root.Values }}
+{{- $lasting := list }}
+{{- if $v.cache.existingClaim }}
+{{- $lasting = append $lasting $v.cache.mountPath }}
+{{- end }}
+{{- range $v.sampler.extraVolumeMounts }}
+{{- if not .readOnly }}
+{{- $lasting = append $lasting .mountPath }}
+{{- end }}
+{{- end }}
+{{- $kept := false }}
+{{- range $lasting }}
+{{- if hasPrefix (printf "%s/" (trimSuffix "/" .)) $id.pinsFile }}
+{{- $kept = true }}
+{{- end }}
+{{- end }}
+{{- if not $kept }}
+{{- fail (printf "identity.pinsFile=%s is on no volume that outlives the sampler pod: put it under a writable sampler.extraVolumeMounts path (or cache.mountPath with cache.existingClaim)" $id.pinsFile) }}
+{{- end }}
+{{- end }}
 {{- if and (eq $id.mode "strict") (not $id.trustConfigMap.name) }}
 {{- fail "identity.mode=strict needs the trust list: set identity.trustConfigMap.name (sapo keys trust)" }}
 {{- end }}
@@ -413,6 +438,10 @@ keys topic); the trainer shares nothing. Refuses a mode whose files are missing.
 {{- if $id.keysTopic }}
 - name: {{ .prefix }}IDENTITY__KEYS_TOPIC
   value: "true"
+{{- end }}
+{{- with $id.pinsFile }}
+- name: {{ $.prefix }}IDENTITY__PINS_FILE
+  value: {{ . | quote }}
 {{- end }}
 {{- end }}
 {{- end }}
