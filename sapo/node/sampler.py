@@ -237,10 +237,10 @@ class SamplerService:
     def from_runtime(cls, settings: SamplerSettings, runtime: Runtime) -> Self | None:
         """Take the node's sampler lease (a standby waits), recover the history from the batch topic,
         then wire the service; None if stopped meanwhile."""
-        runtime.health.require("partitions_assigned", "recovered")
         lease = node_lease(runtime, settings, SERVICE)
         if not lease.acquire():  # recovery reads the batch topic only once no other sampler writes it
             return None
+        runtime.health.require("partitions_assigned", "recovered")  # after: a standby is ready
         identity = identity_gate(runtime, settings)
         history = read_history(
             runtime.consumer("sampler-recovery", per_process=True),

@@ -43,6 +43,18 @@ def _metric(process: ServiceProcess, name: str) -> float | None:
     return None
 
 
+def _ready(process: ServiceProcess) -> bool:
+    """Whether the process's /readyz answers 200."""
+    url = process.metrics_url
+    if url is None:
+        return False
+    try:
+        with urllib.request.urlopen(url.removesuffix("/metrics") + "/readyz", timeout=5) as response:
+            return bool(response.status == 200)
+    except OSError:  # a 503 too
+        return False
+
+
 def _wait(condition: object, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():  # type: ignore[operator]
@@ -155,6 +167,8 @@ def test_a_second_trainer_and_sampler_stand_by_and_take_over_when_the_first_stop
             _wait(lambda p=process: p.log_path.exists() and "standby" in p.log_path.read_text(), 120, role)
             assert _metric(process, f"sapo_{role}_lease_held") == 0
             assert "holds the lease" in process.log_path.read_text()
+            # Ready as a standby, so that a Deployment with one finishes its rollout.
+            _wait(lambda p=process: _ready(p), 60, f"{role} standby ready")
         first = {p.service: p for p in swarm.processes if p.replica == 0 and p.service in second}
         updates = _decoded(kafka_bootstrap, topics.policy, policy_pb2.PolicyUpdate)
         assert len({u.epoch for u in updates}) == 1  # only the first trainer announced
