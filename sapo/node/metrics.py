@@ -361,9 +361,10 @@ class TrainerMetrics:
             self.is_ratio.labels(stat)
 
     def observe(self, report: StepReport) -> None:
-        """Record one applied batch (trained or empty)."""
+        """Record one applied batch (trained, empty or quarantined)."""
         built = report.built
-        self.batches.labels("trained" if report.stats is not None else "empty").inc()
+        outcome = "quarantined" if report.quarantined else "trained" if report.stats is not None else "empty"
+        self.batches.labels(outcome).inc()
         if report.gap > 0:
             self.sequence_gaps.inc(report.gap)
         for row in built.rows:
@@ -374,8 +375,9 @@ class TrainerMetrics:
         for staleness in built.staleness:
             self.staleness.observe(staleness)
         self.policy_version.set(report.version)
-        self.step_seconds.observe(report.seconds)
-        self.step_cpu_seconds.observe(report.cpu_seconds)
+        if not report.quarantined:  # no step was taken to time
+            self.step_seconds.observe(report.seconds)
+            self.step_cpu_seconds.observe(report.cpu_seconds)
         self.learning_rate.set(report.lr)
         self.reward_mean.set(built.reward_mean())
         self.local_reward_mean.set(built.reward_mean(local_only=True))

@@ -283,7 +283,6 @@ class TrainerService:
             log.error("batch %s quarantined as poison_batch: %s", batch.batch_id, detail)
             if self.dead_letters is not None:
                 self.dead_letters.send(record, "poison_batch", detail)
-            self.metrics.batches.labels("quarantined").inc()
             return self.trainer.skip(batch)
         attempt = next_attempt(previous, batch.batch_id, int(batch.sequence))
         if attempt is not None:

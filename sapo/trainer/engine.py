@@ -68,6 +68,8 @@ class StepReport:
     cpu_seconds: float = 0.0
     """CPU time of this process during the step (all its threads): with `seconds`, whether the step
     waited for a CPU (a shared host, other services pinned beside it) or ran slower for the same work."""
+    quarantined: bool = False
+    """The batch was skipped, not trained (`Trainer.skip`): no step happened to time."""
 
 
 class Trainer:
@@ -186,6 +188,7 @@ class Trainer:
             lr=self.lr,
             seconds=0.0,
             intake=tuple(batch.intake),
+            quarantined=True,
         )
 
     def note_offset(self, tp: TopicPartition, next_offset: int) -> None:

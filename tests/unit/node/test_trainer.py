@@ -277,3 +277,29 @@ def test_a_batch_with_a_wild_sequence_is_refused_so_the_node_keeps_training(tmp_
     assert wild.headers["sapo-dlq-reason"] == b"sequence_gap_too_large"
     assert b"SAPO_TRAINER_MAX_SEQUENCE_GAP=10000" in wild.headers["sapo-dlq-detail"]
     assert registry.get_sample_value("sapo_trainer_sequence_gaps_total") == 9_999  # the largest gap allowed
+
+
+def test_a_quarantined_batch_is_counted_once_and_times_no_step() -> None:
+    from sapo.trainer import BuiltBatch, StepReport
+
+    registry = CollectorRegistry()
+    metrics = TrainerMetrics(registry)
+    skipped = StepReport(
+        version=3,
+        batch_id="b",
+        sequence=2,
+        gap=0,
+        built=BuiltBatch(),
+        stats=None,
+        lr=0.0,
+        seconds=0.0,
+        quarantined=True,
+    )
+    metrics.observe(skipped)
+
+    def batches(outcome: str) -> float | None:
+        return registry.get_sample_value("sapo_trainer_batches_total", {"outcome": outcome})
+
+    assert (batches("quarantined"), batches("empty"), batches("trained")) == (1, 0, 0)
+    assert registry.get_sample_value("sapo_trainer_step_seconds_count") == 0
+    assert registry.get_sample_value("sapo_trainer_policy_version") == 3
