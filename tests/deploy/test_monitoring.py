@@ -265,6 +265,17 @@ def test_nodes_sharing_a_grafana_and_a_strimzi_namespace_get_objects_of_their_ow
     for i, mine in enumerate(names):
         assert all(not mine & other for other in names[i + 1 :])
     assert len(set(uids)) == 4 and uids[0] == "sapo-node-node-a"
+    # Swarms whose prefixes differ only where a Kubernetes name cannot (case, '.', '_') stay apart too,
+    # and a prefix that starts with '_' still makes a valid name.
+    by_prefix = []
+    for prefix in ("sapo.a", "sapo_a", "Sapo-a", "_sapo"):
+        sets = ("grafanaDashboard.enabled=true", "kafkaTopics.enabled=true", f"topicPrefix={prefix}")
+        docs = [d for d in render(None, *sets) if d["kind"] in ("KafkaTopic", "ConfigMap")]
+        for doc in docs:
+            assert DNS_SUBDOMAIN.match(doc["metadata"]["name"]), doc["metadata"]["name"]
+        by_prefix.append({d["metadata"]["name"] for d in docs})
+    for i, mine in enumerate(by_prefix):
+        assert all(not mine & other for other in by_prefix[i + 1 :])
 
 
 def queried_metrics() -> dict[str, set[str]]:

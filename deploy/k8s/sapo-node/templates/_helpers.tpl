@@ -366,17 +366,29 @@ serves, else kafka.strimzi.io/v1 (Strimzi >= 0.49; 1.0 serves only v1).
 {{- end }}
 {{- end }}
 
-{{/* Name of the node's KafkaUser (also its Secret's name). */}}
-{{/* The Kubernetes name of an object that lives outside the release's namespace (the node's KafkaTopics
-in the Strimzi namespace, its dashboard in Grafana's): named by topic prefix and node id, which are
-unique in a swarm, not by release, which two nodes in two namespaces may share. Call with
-(dict "root" $ "suffix" "rollouts"). */}}
-{{- define "sapo-node.sharedName" -}}
-{{- printf "%s-node-%s-%s" (.root.Values.topicPrefix | lower | replace "_" "-" | replace "." "-") .root.Values.nodeId .suffix }}
+{{/* The topic prefix as a piece of a Kubernetes name: lower case, '.' and '_' as '-', no '-' at either
+end; a prefix that had to change gets a digest of itself, so prefixes that differ in those
+characters only (sapo.a, sapo_a, Sapo-a) stay apart. */}}
+{{- define "sapo-node.prefixName" -}}
+{{- $prefix := .Values.topicPrefix }}
+{{- $name := $prefix | lower | replace "_" "-" | replace "." "-" | trimAll "-" }}
+{{- if ne $name $prefix }}
+{{- $name = printf "%s-%s" $name (sha256sum $prefix | trunc 6) | trimPrefix "-" }}
+{{- end }}
+{{- $name }}
 {{- end }}
 
+{{/* The Kubernetes name of an object that lives outside the release's namespace (the node's KafkaTopics
+in the Strimzi namespace, its dashboard in Grafana's): named by topic prefix and node id, which are
+unique among the swarms of one cluster, not by release, which two nodes in two namespaces may share.
+Call with (dict "root" $ "suffix" "rollouts"). */}}
+{{- define "sapo-node.sharedName" -}}
+{{- printf "%s-node-%s-%s" (include "sapo-node.prefixName" .root) .root.Values.nodeId .suffix }}
+{{- end }}
+
+{{/* Name of the node's KafkaUser (also its Secret's name). */}}
 {{- define "sapo-node.kafkaUserName" -}}
-{{- default (printf "%s-%s" (.Values.topicPrefix | lower | replace "_" "-" | replace "." "-") .Values.nodeId) .Values.kafkaUser.name | trunc 63 | trimSuffix "-" }}
+{{- default (printf "%s-%s" (.Values.topicPrefix | lower | replace "_" "-" | replace "." "-" | trimAll "-") .Values.nodeId) .Values.kafkaUser.name | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
 {{/* True (non-empty) when the checkpoint claim can be mounted from several Kubernetes nodes. */}}
