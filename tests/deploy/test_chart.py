@@ -441,6 +441,10 @@ def test_schema_rejects(override: str, complaint: str) -> None:
         (("identity.keysTopic=true",), "identity.keysTopic=true needs identity.mode strict or tofu"),
         (("identity.pinsFile=/p/pins.json",), "identity.pinsFile is kept by identity.mode=tofu only"),
         (
+            ("serviceMonitor.enabled=true", "serviceMonitor.interval=30s", "serviceMonitor.scrapeTimeout=1m"),
+            "serviceMonitor.scrapeTimeout (1m) is longer than serviceMonitor.interval (30s)",
+        ),
+        (
             (
                 "identity.mode=tofu",
                 "identity.keySecret.name=k",

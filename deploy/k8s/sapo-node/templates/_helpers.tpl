@@ -502,13 +502,18 @@ keys topic); the trainer shares nothing. Refuses a mode whose files are missing.
 {{- end }}
 {{- end }}
 
-{{/* Whole seconds of a Prometheus duration such as 30m, 1h30m or 1500ms (units ms, s, m, h, d, w, y). */}}
-{{- define "sapo-node.seconds" -}}
+{{/* Milliseconds of a Prometheus duration such as 30m, 1h30m or 1500ms (units ms, s, m, h, d, w, y). */}}
+{{- define "sapo-node.milliseconds" -}}
 {{- $ms := dict "ms" 1 "s" 1000 "m" 60000 "h" 3600000 "d" 86400000 "w" 604800000 "y" 31536000000 }}
 {{- $total := 0 }}
 {{- range $part := regexFindAll "[0-9]+(ms|[smhdwy])" . -1 }}
 {{- $unit := regexFind "(ms|[smhdwy])$" $part }}
 {{- $total = add $total (mul (trimSuffix $unit $part | int64) (index $ms $unit)) }}
 {{- end }}
-{{- div $total 1000 }}
+{{- $total }}
+{{- end }}
+
+{{/* Whole seconds of a Prometheus duration. */}}
+{{- define "sapo-node.seconds" -}}
+{{- div (include "sapo-node.milliseconds" . | int64) 1000 }}
 {{- end }}
