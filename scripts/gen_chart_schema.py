@@ -6,8 +6,9 @@
 The settings classes (`sapo.<service>.settings`) declare every setting once, with its bound and
 default; the chart takes a service's settings as env variables without the service prefix
 (`<service>.settings: {LOCAL_GROUPS: 4}`). This script lists exactly those names in the values schema
-(nested fields joined with `__`, enums as enums), so `helm install` refuses a misspelt or unknown
-setting instead of a crash loop. What the chart sets itself (`CHART_OWNED`) is refused there.
+(nested fields joined with `__`, enums as enums, numbers with their bounds), so `helm install` refuses
+a misspelt or unknown setting, or a number out of bounds, instead of a crash loop. What the chart
+sets itself (`CHART_OWNED`) is refused there.
 `tests/deploy/test_settings_schema.py` fails when the committed schema drifts from the classes.
 """
 
@@ -21,6 +22,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+import annotated_types
 from pydantic.fields import FieldInfo
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,14 +51,34 @@ trust list ConfigMap are mounted by the chart). `MODEL` stays settable per servi
 CHART_OWNED_PREFIXES = ("KAFKA__", "SWARM_KAFKA__", "IDENTITY__")
 
 
+NUMBER_TYPES: dict[type, str] = {int: "integer", float: "number"}
+BOUNDS: dict[type, str] = {
+    annotated_types.Ge: "minimum",
+    annotated_types.Gt: "exclusiveMinimum",
+    annotated_types.Le: "maximum",
+    annotated_types.Lt: "exclusiveMaximum",
+}
+"""The settings' numeric bounds as JSON Schema keywords (the names annotated_types keeps them under
+differ only in case: `Ge.ge`, `Gt.gt`, ...)."""
+
+
+def _bounds(info: FieldInfo) -> dict[str, Any]:
+    return {BOUNDS[type(m)]: getattr(m, type(m).__name__.lower()) for m in info.metadata if type(m) in BOUNDS}
+
+
 def _value_schema(info: FieldInfo) -> dict[str, Any]:
-    """Env values are strings; YAML may hand the chart numbers or booleans, which it prints as text."""
+    """Env values are strings; YAML may hand the chart numbers or booleans, which it prints as text.
+    A number is checked against the setting's bounds and type here, so `helm install` refuses what the
+    service would refuse at start; a number given as a string is left to the service (JSON Schema
+    cannot bound a string's value). A boolean is never a valid number."""
     members = [m for m in field_types(info) if m is not type(None)]
     schema: dict[str, Any] = {"type": ["string", "number", "integer", "boolean"]}
     enums = [m for m in members if isinstance(m, type) and issubclass(m, enum.Enum)]
     literals = [v for m in members if typing.get_origin(m) is typing.Literal for v in typing.get_args(m)]
     if enums or literals:
         schema = {"enum": [str(e.value) for m in enums for e in m] + [str(v) for v in literals]}
+    elif len(members) == 1 and members[0] in NUMBER_TYPES:
+        schema = {"type": ["string", NUMBER_TYPES[members[0]]], **_bounds(info)}
     if info.description:
         schema["description"] = info.description
     return schema

@@ -417,12 +417,33 @@ def test_rendered_env_is_accepted_by_the_service_settings(
         ("generator.settings.NODE_ID=other", "NODE_ID|generator.settings"),  # set by the chart
         ("sampler.settings.IDENTITY__MODE=off", "IDENTITY__MODE|sampler.settings"),  # so is identity
         ("identity.mode=paranoid", "mode"),
+        # A setting's bounds and number type, from its settings class (scripts/gen_chart_schema.py).
+        ("generator.settings.MAX_NEW_TOKENS=60000000", "MAX_NEW_TOKENS"),  # le=32768
+        ("trainer.settings.WARMUP_STEPS=-1", "WARMUP_STEPS"),  # ge=0
+        ("sampler.settings.LOCAL_GROUPS=true", "LOCAL_GROUPS"),  # a boolean is no number
+        # Resource quantities as Kubernetes reads them (the API server would refuse these at apply).
+        ("trainer.resources.limits.memory=2GB", "memory"),
+        ("generator.resources.requests.cpu=-1", "cpu"),
+        ("sampler.resources.requests.memory=lots", "memory"),
     ],
 )
 def test_schema_rejects(override: str, complaint: str) -> None:
     """values.schema.json catches typos and values the services would refuse, at install time."""
     error = template_error(override)
     assert re.search(complaint, error), error
+
+
+def test_settings_at_their_bounds_or_given_as_text_install(tmp_path: Path) -> None:
+    """The bounds the schema takes from the settings classes are inclusive where theirs are, and a
+    number given as a string (quoted in a values file) is left to the service."""
+    values = tmp_path / "values.yaml"
+    values.write_text('sampler:\n  settings:\n    LOCAL_GROUPS: "4"\n')
+    sets = ("generator.settings.MAX_NEW_TOKENS=32768", "trainer.settings.WARMUP_STEPS=0")
+    docs = render(values, *sets)
+    env = {v["name"]: v.get("value") for s in SERVICES for v in env_of(deployment(docs, s))}
+    assert env["SAPO_GENERATOR_MAX_NEW_TOKENS"] == "32768"
+    assert env["SAPO_TRAINER_WARMUP_STEPS"] == "0"
+    assert env["SAPO_SAMPLER_LOCAL_GROUPS"] == "4"
 
 
 @pytest.mark.parametrize(
