@@ -276,8 +276,11 @@ def test_nodes_sharing_a_grafana_and_a_strimzi_namespace_get_objects_of_their_ow
         by_prefix.append({d["metadata"]["name"] for d in docs})
     for i, mine in enumerate(by_prefix):
         assert all(not mine & other for other in by_prefix[i + 1 :])
-    swarm = render(None, "kafkaTopics.enabled=true", "kafkaTopics.swarm.create=true", "topicPrefix=_sapo")
-    assert all(DNS_SUBDOMAIN.match(d["metadata"]["name"]) for d in of_kind(swarm, "KafkaTopic"))
+    for prefix in ("_sapo", ".-sapo", "sapo-._"):  # the swarm topics' names keep the prefix's dots
+        swarm = render(
+            None, "kafkaTopics.enabled=true", "kafkaTopics.swarm.create=true", f"topicPrefix={prefix}"
+        )
+        assert all(DNS_SUBDOMAIN.match(d["metadata"]["name"]) for d in of_kind(swarm, "KafkaTopic")), prefix
 
 
 def queried_metrics() -> dict[str, set[str]]:

@@ -193,7 +193,7 @@ Call with (dict "root" $ "component" "sampler").
 {{- if $v.swarmKafka.enabled }}
 {{ include "sapo-node.kafkaEnv" (dict "prefix" $prefix "field" "SWARM_KAFKA" "conn" $v.swarmKafka "caPath" "/etc/sapo/swarm-kafka-ca" "certPath" "/etc/sapo/swarm-kafka-client" "client" $client) | trim }}
 {{- end }}
-{{ include "sapo-node.identityEnv" (dict "identity" $v.identity "prefix" $prefix "component" .component "root" .root) }}
+{{ include "sapo-node.identityEnv" (dict "identity" $v.identity "prefix" $prefix "component" .component) }}
 {{- if and $v.model (ne .component "sampler") }}
 {{- if hasKey $svc.settings "MODEL" }}
 {{- fail (printf "set the model once: model=%s and %s.settings.MODEL are both set" $v.model .component) }}
@@ -366,12 +366,21 @@ serves, else kafka.strimzi.io/v1 (Strimzi >= 0.49; 1.0 serves only v1).
 {{- end }}
 {{- end }}
 
-{{/* The topic prefix as a piece of a Kubernetes name: lower case, '.' and '_' as '-', no '-' at either
-end; a prefix that had to change gets a digest of itself, so prefixes that differ in those
-characters only (sapo.a, sapo_a, Sapo-a) stay apart. */}}
+{{/* The topic prefix as a piece of a Kubernetes name: lower case, '_' as '-', '.' as '-' too unless
+"dots" is true, no '-' or '.' at either end. Call with (dict "prefix" .Values.topicPrefix "dots" false). */}}
+{{- define "sapo-node.prefixSlug" -}}
+{{- $slug := .prefix | lower | replace "_" "-" }}
+{{- if not .dots }}
+{{- $slug = replace "." "-" $slug }}
+{{- end }}
+{{- regexReplaceAll "^[-.]+|[-.]+$" $slug "" }}
+{{- end }}
+
+{{/* `sapo-node.prefixSlug` without dots; a prefix that had to change gets a digest of itself, so
+prefixes that differ in those characters only (sapo.a, sapo_a, Sapo-a) stay apart. */}}
 {{- define "sapo-node.prefixName" -}}
 {{- $prefix := .Values.topicPrefix }}
-{{- $name := $prefix | lower | replace "_" "-" | replace "." "-" | trimAll "-" }}
+{{- $name := include "sapo-node.prefixSlug" (dict "prefix" $prefix "dots" false) }}
 {{- if ne $name $prefix }}
 {{- $name = printf "%s-%s" $name (sha256sum $prefix | trunc 6) | trimPrefix "-" }}
 {{- end }}
@@ -386,9 +395,11 @@ Call with (dict "root" $ "suffix" "rollouts"). */}}
 {{- printf "%s-node-%s-%s" (include "sapo-node.prefixName" .root) .root.Values.nodeId .suffix }}
 {{- end }}
 
-{{/* Name of the node's KafkaUser (also its Secret's name). */}}
+{{/* Name of the node's KafkaUser (also its Secret's name, and its TLS certificate's CN: no digest, so
+that the name stays what earlier charts made it). */}}
 {{- define "sapo-node.kafkaUserName" -}}
-{{- default (printf "%s-%s" (.Values.topicPrefix | lower | replace "_" "-" | replace "." "-" | trimAll "-") .Values.nodeId) .Values.kafkaUser.name | trunc 63 | trimSuffix "-" }}
+{{- $slug := include "sapo-node.prefixSlug" (dict "prefix" .Values.topicPrefix "dots" false) }}
+{{- default (printf "%s-%s" $slug .Values.nodeId) .Values.kafkaUser.name | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
 {{/* True (non-empty) when the checkpoint claim can be mounted from several Kubernetes nodes. */}}
@@ -396,12 +407,9 @@ Call with (dict "root" $ "suffix" "rollouts"). */}}
 {{- if has "ReadWriteMany" .Values.checkpoints.accessModes }}true{{ end }}
 {{- end }}
 
-{{/*
-Identity env of one service: the generator signs (key file), the sampler verifies (mode, trust list,
-keys topic); the trainer shares nothing. Refuses a mode whose files are missing.
-*/}}
-{{- define "sapo-node.identityEnv" -}}
-{{- $id := .identity }}
+{{/* Refuses an identity mode whose files are missing, and settings that mode would not use. */}}
+{{- define "sapo-node.validateIdentity" -}}
+{{- $id := .Values.identity }}
 {{- if and (ne $id.mode "off") (not $id.keySecret.name) }}
 {{- fail (printf "identity.mode=%s: a verifying node must sign; set identity.keySecret.name (sapo keys generate)" $id.mode) }}
 {{- end }}
@@ -413,7 +421,7 @@ keys topic); the trainer shares nothing. Refuses a mode whose files are missing.
 {{- end }}
 {{- if $id.pinsFile }}
 {{- /* The root filesystem is read-only: the pins go on a volume the sampler can write and keep. */}}
-{{- $v := .root.Values }}
+{{- $v := .Values }}
 {{- $lasting := list }}
 {{- if $v.cache.existingClaim }}
 {{- $lasting = append $lasting $v.cache.mountPath }}
@@ -436,6 +444,14 @@ keys topic); the trainer shares nothing. Refuses a mode whose files are missing.
 {{- if and (eq $id.mode "strict") (not $id.trustConfigMap.name) }}
 {{- fail "identity.mode=strict needs the trust list: set identity.trustConfigMap.name (sapo keys trust)" }}
 {{- end }}
+{{- end }}
+
+{{/*
+Identity env of one service: the generator signs (key file), the sampler verifies (mode, trust list,
+keys topic); the trainer shares nothing. `sapo-node.validateIdentity` checked the values.
+*/}}
+{{- define "sapo-node.identityEnv" -}}
+{{- $id := .identity }}
 {{- if and (eq .component "generator") $id.keySecret.name }}
 - name: {{ .prefix }}IDENTITY__PRIVATE_KEY_FILE
   value: {{ printf "/etc/sapo/identity/key/%s" $id.keySecret.key | quote }}
