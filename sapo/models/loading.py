@@ -24,10 +24,11 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from sapo.models.bundled import BUNDLED_REF, bundled_model_dir
+from sapo.models.bundled import bundled_model_dir
 from sapo.models.hub import ModelUnavailableError, require_local
-from sapo.models.refs import is_project_ref, project_tokenizer, ref_kind
+from sapo.models.refs import BUNDLED_REF, is_project_ref, ref_kind
 from sapo.models.tiny import build_tiny_model, parse_tiny_ref
+from sapo.models.tokenizer import project_tokenizer
 from sapo.models.warm import warm_model_dir
 
 

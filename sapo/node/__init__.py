@@ -5,5 +5,5 @@
 - `generator` (+ `policy`, following the policy topic), `sampler` (+ `recovery`, reading back the
   batch topic on start), `trainer`: the services, each a thin wiring of the pure cores in
   `sapo.generator`, `sapo.sampler` and `sapo.trainer` to consumer loops, producers, health and
-  metrics (`metrics`). `services/*/main.py` start them through `sapo.runtime.serve`.
+  metrics (`metrics`). `services/*/main.py` start them through `sapo.runtime.configure` and `serve`.
 """

@@ -384,7 +384,7 @@ class TrainerMetrics:
         stats = report.stats
         if stats is None:
             return
-        from sapo.trainer import contributions
+        from sapo.trainer.contributions import contributions
 
         m = stats.metrics
         self.steps.inc(stats.optimizer_steps)

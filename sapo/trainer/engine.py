@@ -36,16 +36,11 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from sapo.checkpoints import CheckpointError, CheckpointStore, Published, Written, load_weights
 from sapo.digests import Hashing
 from sapo.kafka.records import TopicPartition
-from sapo.trainer.optim import OptimConfig, build_optimizer, current_lr
+from sapo.trainer.config import OptimConfig, StepConfig
+from sapo.trainer.optim import build_optimizer, current_lr
 from sapo.trainer.sequences import BuiltBatch, ExternalLogprobs, SequenceBuilder
 from sapo.trainer.state import LedgerEntry, TrainerState, deserialize, serialize
-from sapo.trainer.step import (
-    StepConfig,
-    StepStats,
-    checkpointed_layers_training,
-    plan_micro_batches,
-    train_on_batch,
-)
+from sapo.trainer.step import StepStats, checkpointed_layers_training, plan_micro_batches, train_on_batch
 from sapo.v1 import batch_pb2
 
 log = logging.getLogger(__name__)

@@ -12,29 +12,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import nn
 
-Schedule = Literal["constant", "cosine"]
-
-
-@dataclass(frozen=True)
-class OptimConfig:
-    """lr: peak learning rate. betas / eps / weight_decay: AdamW's. warmup_steps: optimizer steps of
-    linear warmup. schedule: what follows warmup; cosine decays to lr * min_lr_ratio at total_steps and
-    stays there. Built by `TrainerSettings.optim_config`, which declares and bounds every value."""
-
-    lr: float
-    betas: tuple[float, float]
-    eps: float
-    weight_decay: float
-    warmup_steps: int
-    schedule: Schedule
-    total_steps: int
-    min_lr_ratio: float
+from sapo.trainer.config import OptimConfig
 
 
 def lr_factor(step: int, config: OptimConfig) -> float:

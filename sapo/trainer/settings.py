@@ -13,11 +13,11 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from sapo.generator.work import PacingSettings
-from sapo.grpo.loss import DEFAULT_LOSS_CONFIG as PAPER_LOSS
-from sapo.grpo.loss import LossConfig
+from sapo.grpo.config import DEFAULT_LOSS_CONFIG as PAPER_LOSS
+from sapo.grpo.config import LossConfig
 from sapo.models.settings import ModelSettings
 from sapo.settings import LeaseSettings, PeerMetricsSettings, RoundSettings, ServiceSettings
-from sapo.trainer import OptimConfig, StepConfig
+from sapo.trainer.config import OptimConfig, StepConfig
 
 
 class TrainerSettings(

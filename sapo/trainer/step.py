@@ -38,11 +38,11 @@ import dataclasses
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
+from sapo.grpo.config import LossConfig
 from sapo.grpo.layout import (
     PackedBatch,
     pack,
@@ -51,25 +51,10 @@ from sapo.grpo.layout import (
     split_by_token_budget,
 )
 from sapo.grpo.logprobs import TokenLogprobs, policy_logprobs
-from sapo.grpo.loss import LossConfig, LossMetrics, combine_metrics, grpo_loss
+from sapo.grpo.loss import LossMetrics, combine_metrics, grpo_loss
 from sapo.grpo.shared_prompt import shared_prompt_logprobs
+from sapo.trainer.config import Precision, StepConfig
 from sapo.trainer.sequences import Row, RowMode
-
-Precision = Literal["fp32", "bf16"]
-
-
-@dataclass(frozen=True)
-class StepConfig:
-    """micro_batch_tokens: padded tokens per forward pass (see `plan_micro_batches`); bounds activation
-    memory. steps_per_batch: optimizer steps on the same batch. precision: "bf16" runs forward and
-    backward under bf16 autocast, parameters and optimizer state stay fp32. Built by
-    `TrainerSettings.step_config`, which declares and bounds every value."""
-
-    loss: LossConfig
-    micro_batch_tokens: int
-    steps_per_batch: int
-    max_grad_norm: float
-    precision: Precision
 
 
 @dataclass(frozen=True)

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from sapo.generator.settings import GeneratorSettings
-from sapo.node.generator import GeneratorService
-from sapo.runtime import serve
+from sapo.runtime import configure, serve
 
 
 def main() -> int:
-    service = GeneratorService
-    return serve("generator", GeneratorSettings, service.from_runtime, preflight=service.preflight)
+    settings = configure("generator", GeneratorSettings)
+    # After the settings: the service loads torch and transformers (seconds), bad settings fail before.
+    from sapo.node.generator import GeneratorService
+
+    return serve("generator", settings, GeneratorService.from_runtime, preflight=GeneratorService.preflight)
 
 
 if __name__ == "__main__":

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from sapo.node.sampler import SamplerService
-from sapo.runtime import serve
+from sapo.runtime import configure, serve
 from sapo.sampler.settings import SamplerSettings
 
 
 def main() -> int:
-    return serve("sampler", SamplerSettings, SamplerService.from_runtime)
+    settings = configure("sampler", SamplerSettings)
+    return serve("sampler", settings, SamplerService.from_runtime)
 
 
 if __name__ == "__main__":

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from sapo.node.trainer import TrainerService
-from sapo.runtime import serve
+from sapo.runtime import configure, serve
 from sapo.trainer.settings import TrainerSettings
 
 
 def main() -> int:
-    return serve("trainer", TrainerSettings, TrainerService.from_runtime, preflight=TrainerService.preflight)
+    settings = configure("trainer", TrainerSettings)
+    # After the settings: the service loads torch and transformers (seconds), bad settings fail before.
+    from sapo.node.trainer import TrainerService
+
+    return serve("trainer", settings, TrainerService.from_runtime, preflight=TrainerService.preflight)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import sys
 from sapo.generator.settings import GeneratorSettings
 from sapo.kafka import Disposition, Record
 from sapo.node.generator import GeneratorService
-from sapo.runtime import Runtime, serve
+from sapo.runtime import Runtime, configure, serve
 
 
 class VersionBlindGenerator(GeneratorService):
@@ -35,4 +35,4 @@ def unsigned(settings: GeneratorSettings, runtime: Runtime) -> GeneratorService:
 if __name__ == "__main__":
     mode = sys.argv[1]
     build = VersionBlindGenerator.from_runtime if mode == "versions" else unsigned
-    raise SystemExit(serve("generator", GeneratorSettings, build, argv=[]))
+    raise SystemExit(serve("generator", configure("generator", GeneratorSettings, argv=[]), build))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sapo.kafka import Disposition, Record
 from sapo.node.sampler import SamplerService
-from sapo.runtime import serve
+from sapo.runtime import configure, serve
 from sapo.sampler import Origin
 from sapo.sampler.settings import SamplerSettings
 
@@ -17,4 +17,4 @@ class EarlyCommitSampler(SamplerService):
 
 
 if __name__ == "__main__":
-    raise SystemExit(serve("sampler", SamplerSettings, EarlyCommitSampler.from_runtime))
+    raise SystemExit(serve("sampler", configure("sampler", SamplerSettings), EarlyCommitSampler.from_runtime))

@@ -11,7 +11,7 @@ import sys
 
 from sapo.checkpoints import Written
 from sapo.node.trainer import TrainerService
-from sapo.runtime import serve
+from sapo.runtime import configure, serve
 from sapo.trainer.settings import TrainerSettings
 from sapo.v1 import batch_pb2
 
@@ -38,4 +38,4 @@ class UncheckpointedTrainer(TrainerService):
 
 if __name__ == "__main__":
     broken = {"twice": TwiceTrainer, "no-checkpoint": UncheckpointedTrainer}[sys.argv[1]]
-    raise SystemExit(serve("trainer", TrainerSettings, broken.from_runtime, argv=[]))
+    raise SystemExit(serve("trainer", configure("trainer", TrainerSettings, argv=[]), broken.from_runtime))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 
 from sapo.node.trainer import TrainerService
-from sapo.runtime import serve
+from sapo.runtime import configure, serve
 from sapo.trainer.engine import StepReport
 from sapo.trainer.settings import TrainerSettings
 from sapo.v1 import batch_pb2
@@ -29,4 +29,6 @@ class FailingStepTrainer(TrainerService):
 
 
 if __name__ == "__main__":
-    raise SystemExit(serve("trainer", TrainerSettings, FailingStepTrainer.from_runtime, argv=[]))
+    raise SystemExit(
+        serve("trainer", configure("trainer", TrainerSettings, argv=[]), FailingStepTrainer.from_runtime)
+    )

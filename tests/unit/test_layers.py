@@ -3,6 +3,7 @@ function-local import of a project module known here with its reason (they hide 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,8 @@ LOCAL_IMPORTS = {
     ("sapo.conformance.cli", "sapo.conformance.trainer"): "start-up time",
     ("sapo.node.metrics", "sapo.trainer"): "the sampler imports the module and never loads torch",
     ("sapo.node.metrics", "sapo.trainer.contributions"): "the same (`contributions` is also a module)",
+    ("services.generator.main", "sapo.node.generator"): "start-up time: bad settings fail before torch loads",
+    ("services.trainer.main", "sapo.node.trainer"): "start-up time: bad settings fail before torch loads",
 }
 
 
@@ -49,4 +52,34 @@ def test_the_sampler_service_loads_neither_torch_nor_transformers() -> None:
     """A sampler runs no model: importing them would cost it seconds of start-up and ~300 MB."""
     probe = "import sys, services.sampler.main; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_generator_and_trainer_settings_load_neither_torch_nor_transformers() -> None:
+    """Their settings are checked before the service is imported: bad ones must fail without the seconds
+    torch and transformers take to import (the packages' heavy names load on first use, `sapo.lazy`)."""
+    modules = "sapo.generator.settings, sapo.trainer.settings, services.generator.main, services.trainer.main"
+    probe = f"import sys, {modules}; print(sorted({{'torch', 'transformers'}} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(("service", "field"), [("generator", "MAX_NEW_TOKENS"), ("trainer", "LR")])
+def test_a_service_with_bad_settings_exits_saying_what_to_set_before_loading_torch(
+    service: str, field: str
+) -> None:
+    prefix = f"SAPO_{service.upper()}_"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(prefix)}
+    env |= {f"{prefix}NODE_ID": "node-a", f"{prefix}{field}": "-1"}
+    # What the process holds when it exits: atexit runs after the settings error ended `main`.
+    probe = (
+        "import atexit, runpy, sys; "
+        "atexit.register(lambda: print(sorted({'torch', 'transformers'} & set(sys.modules)))); "
+        f"runpy.run_module('services.{service}.main', run_name='__main__')"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 1, out.stderr
+    assert f"  {prefix}{field}: Input should be greater" in out.stderr
     assert out.stdout.strip() == "[]"

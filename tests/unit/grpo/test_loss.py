@@ -6,9 +6,10 @@ import pytest
 import torch
 from torch import Tensor
 
+from sapo.grpo.config import LossConfig
 from sapo.grpo.layout import TrainSample, pack, split_by_token_budget
 from sapo.grpo.logprobs import policy_logprobs
-from sapo.grpo.loss import LossConfig, combine_metrics, grpo_loss
+from sapo.grpo.loss import combine_metrics, grpo_loss
 from tests.unit.grpo.tiny import EOS_ID, PAD_ID, tiny_llama
 
 pytestmark = pytest.mark.unit

@@ -40,9 +40,10 @@ from trl.trainer.grpo_trainer import GRPOTrainer
 from trl.trainer.utils import nanstd
 
 from sapo.grpo.advantages import group_advantages
+from sapo.grpo.config import LossConfig
 from sapo.grpo.layout import PackedBatch, TrainSample, pack
 from sapo.grpo.logprobs import policy_logprobs
-from sapo.grpo.loss import LossConfig, grpo_loss
+from sapo.grpo.loss import grpo_loss
 from tests.unit.grpo.tiny import EOS_ID, PAD_ID, tiny_llama, tiny_tokenizer
 
 pytestmark = pytest.mark.unit

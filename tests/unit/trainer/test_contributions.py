@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from sapo.grpo.layout import TrainSample
-from sapo.trainer import Row, RowMode, contributions
+from sapo.trainer import Row, RowMode
+from sapo.trainer.contributions import contributions
 
 pytestmark = pytest.mark.unit
 
