@@ -47,8 +47,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from sapo.experiment.shipped import SCENARIO_DIR, scenario_names
+from sapo.sampler.assembler import RoundMode
+from sapo.sampler.settings import SamplerSettings
 from sapo.settings import ConfigError
-from sapo.swarm.manifest import SwarmManifest, parse_manifest
+from sapo.swarm.manifest import NodeSpec, SwarmManifest, parse_manifest, service_values
 
 SERVICE_KEYS = ("generator", "sampler", "trainer")
 _MIX = re.compile(r"^(\d+)/(\d+)$")
@@ -290,6 +292,8 @@ def select(
     )
     if sum(g.count for g in result.groups) < 2:
         raise ConfigError("an experiment needs at least 2 nodes (4 or more: one node's swarm is itself)")
+    for name in chosen.keys() - scenario.configs.keys():
+        _check_mix(result, name)
     return result
 
 
@@ -335,6 +339,43 @@ def _ad_hoc(name: str, scenario: Scenario) -> dict[str, Any]:
             "and not an I/J mix such as 6/2"
         )
     return _config_keys(name, {})
+
+
+def _check_mix(scenario: Scenario, name: str) -> None:
+    """An I/J from `--configs` that the scenario's nodes can run, else a ConfigError naming the flag and
+    what it allows. The sampler settings refuse such a mix too, but name their environment variables,
+    which the user of `--configs` never set."""
+    mix = parse_mix(name)
+    assert mix is not None  # `_ad_hoc` admitted only I/J names
+    round_sizes = _lockstep_round_sizes(scenario, name)
+    most_local = min([_upper_bound("local_groups"), *round_sizes])
+    most_external = _upper_bound("external_groups")
+    if sum(mix) < 1 or mix[0] > most_local or mix[1] > most_external:
+        why = " (a lock-step round's questions)" if most_local in round_sizes else ""
+        raise ConfigError(
+            f"--configs {name}: I/J is I local and J external groups per batch; scenario {scenario.name} "
+            f"allows I <= {most_local}{why}, J <= {most_external} and I + J >= 1"
+        )
+
+
+def _upper_bound(field_name: str) -> int:
+    """The `le` bound the sampler settings declare for one of their fields."""
+    bounds = [m.le for m in SamplerSettings.model_fields[field_name].metadata if hasattr(m, "le")]
+    return int(bounds[0])
+
+
+def _lockstep_round_sizes(scenario: Scenario, config: str) -> list[int]:
+    """The questions per round of each lock-step node under `config`."""
+    fields = SamplerSettings.model_fields
+    sizes: list[int] = []
+    for node in manifest_data(scenario, config, scenario.seeds[0])["nodes"]:
+        try:
+            values = service_values(NodeSpec(**node), "sampler", peers=0)
+        except ValidationError:  # a bad key of the scenario: the plan's manifest check names it
+            continue
+        if RoundMode(values.get("round_mode", fields["round_mode"].default)) is RoundMode.LOCKSTEP:
+            sizes.append(int(values.get("questions_per_round", fields["questions_per_round"].default)))
+    return sizes
 
 
 def run_name(config: str, seed: int) -> str:

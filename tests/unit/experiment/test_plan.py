@@ -145,6 +145,19 @@ def test_a_bad_service_setting_fails_at_plan_time_naming_it(tmp_path: Path) -> N
         select(load_scenario("silo"), nodes=2)
 
 
+def test_a_mix_from_configs_the_nodes_cannot_run_names_the_flag_and_what_it_allows(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    for mix in ("99/99", "0/0", "3/300"):
+        with pytest.raises(ConfigError, match=rf"^--configs {mix}: .* allows I <= 8 \(a lock-step round"):
+            select(load_scenario("cpu"), configs=[mix])
+    # a larger round admits a larger I; the bound follows the scenario as selected
+    larger = select(load_scenario("cpu"), configs=["12/2"], overrides={"questions_per_round": 12})
+    assert list(larger.configs) == ["12/2"]
+    assert main(["experiment", "--out", str(tmp_path / "plan"), "--plan-only", "--configs", "99/99"]) == 2
+    assert "--configs 99/99" in caplog.text and "SAPO_SAMPLER" not in caplog.text
+
+
 def test_cli_plan_only_writes_the_plan_and_bad_configurations_fail_with_what_to_set(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
