@@ -385,8 +385,11 @@ def env_prefix(settings: BaseSettings | type[BaseSettings]) -> str:
     return str(cls.model_config.get("env_prefix", ""))
 
 
-def load_settings(cls: type[S], **overrides: Any) -> S:
-    """Build settings from the environment (and overrides), or exit with every problem and what to set."""
+def load_settings(cls: type[S], flags: Mapping[str, str] | None = None, /, **overrides: Any) -> S:
+    """Build settings from the environment (and overrides), or exit with every problem and what to set.
+    `flags` maps a field a command-line flag gave to that flag (`timeout_s` -> `--timeout`): a problem
+    with it names the flag the user typed, not the variable it overrode. (Positional-only, so that no
+    override is taken for it.)"""
     unknown = unknown_env(cls, os.environ)
     if unknown:
         prefix = env_prefix(cls)
@@ -405,8 +408,9 @@ def load_settings(cls: type[S], **overrides: Any) -> S:
         for err in exc.errors():
             path = "__".join(str(p) for p in err["loc"]).upper()
             env = f"{prefix}{path}" if path else prefix + "*"
+            where = (flags or {}).get(".".join(str(p) for p in err["loc"]), env)
             hint = _COLLECTION_HINTS.get(err["type"], "") if isinstance(err.get("input"), str) else ""
-            lines.append(f"  {env}: {err['msg']} ({_shown_input(cls, err['loc'], err.get('input'))}){hint}")
+            lines.append(f"  {where}: {err['msg']} ({_shown_input(cls, err['loc'], err.get('input'))}){hint}")
         raise ConfigError("\n".join(lines)) from None
 
 

@@ -92,13 +92,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+_FLAGS: Final = {
+    "topic_prefix": ("prefix", "--prefix"),
+    "timeout_s": ("timeout", "--timeout"),
+    "quiet_s": ("quiet", "--quiet"),
+    "questions_per_round": ("questions_per_round", "--questions-per-round"),
+}
+"""The settings a flag overrides: field -> (argparse dest, flag)."""
+
+
 def settings_from(args: argparse.Namespace) -> ConformanceSettings:
+    """Environment first, flags over it; a bad value is named by the flag when a flag gave it."""
+    given = {field: flag for field, (dest, flag) in _FLAGS.items() if getattr(args, dest) is not None}
     overrides: dict[str, Any] = {"kafka": kafka_overrides(args)}
-    for key, value in (("topic_prefix", args.prefix), ("timeout_s", args.timeout), ("quiet_s", args.quiet),
-                       ("questions_per_round", args.questions_per_round)):  # fmt: skip
-        if value is not None:
-            overrides[key] = value
-    return load_settings(ConformanceSettings, **overrides)
+    overrides |= {field: getattr(args, _FLAGS[field][0]) for field in given}
+    return load_settings(ConformanceSettings, given, **overrides)
 
 
 def _trust(path: Path | None) -> TrustStore | None:

@@ -49,6 +49,15 @@ def test_missing_and_bad_values_say_what_to_set(monkeypatch: pytest.MonkeyPatch)
         load_settings(DemoSettings, node_id="Bad Id!")
 
 
+def test_a_value_a_flag_gave_is_named_by_the_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SAPO_DEMO_NODE_ID", raising=False)
+    with pytest.raises(ConfigError) as info:
+        load_settings(DemoSettings, {"http_port": "--port"}, http_port=70000)
+    text = str(info.value)
+    assert "  --port: Input should be less than or equal to 65535 (got 70000)" in text
+    assert "SAPO_DEMO_HTTP_PORT" not in text and "SAPO_DEMO_NODE_ID" in text  # no flag gave the node id
+
+
 def test_sasl_needs_credentials_and_secrets_are_masked() -> None:
     with pytest.raises(ValueError, match="SASL_USERNAME"):
         KafkaConnection(security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512")
