@@ -23,6 +23,8 @@ from sapo.wire import H_NODE, H_SCHEMA, H_TYPE, SCHEMA_VERSION, InvalidMessageEr
 
 M = TypeVar("M", bound=Message)
 MAX_BYTES = 64 * 1024 * 1024
+METADATA_TIMEOUT_S = 10.0
+"""How long a metadata or offset request of the kit waits at most (`Target.metadata_timeout_s`)."""
 Position = tuple[str, int, int]
 """(topic, partition, offset) of a message the kit sent."""
 
@@ -55,6 +57,12 @@ class Target:
     def topics(self) -> TopicNames:
         return TopicNames.for_node(self.node, self.prefix)
 
+    @property
+    def metadata_timeout_s(self) -> float:
+        """How long a metadata or offset request waits: `METADATA_TIMEOUT_S`, or `timeout_s` when that
+        is shorter (`--timeout 3` gives up on an unreachable broker after 3 s, not 10)."""
+        return min(METADATA_TIMEOUT_S, self.timeout_s)
+
     def group(self, role: str) -> str:
         return consumer_group(self.prefix, self.node, role)
 
@@ -73,8 +81,9 @@ class GeneratorTarget:
 class Sender:
     """The kit's producer: every message acknowledged, its position remembered."""
 
-    def __init__(self, config: Mapping[str, str]) -> None:
+    def __init__(self, config: Mapping[str, str], metadata_timeout_s: float) -> None:
         self._publisher = KafkaPublisher(dict(config))
+        self._metadata_timeout_s = metadata_timeout_s
 
     def send(
         self,
@@ -93,7 +102,7 @@ class Sender:
         return (topic, got_partition, offset)
 
     def partitions(self, topic: str) -> int:
-        return self._publisher.partitions(topic)
+        return self._publisher.partitions(topic, timeout_s=self._metadata_timeout_s)
 
 
 def decoded(records: Sequence[Record], cls: type[M]) -> list[tuple[Record, M | None]]:

@@ -56,10 +56,10 @@ class _Run:
         self.x = extra
         self.r = results
         self.topics = target.topics
-        self.out = Sender(target.kafka)
+        self.out = Sender(target.kafka, target.metadata_timeout_s)
         topics = [self.topics.rollouts, self.topics.swarm_rollouts, self.topics.dlq]
-        self.tail = Tail(target.consumer, topics)
-        self.commits = Committed(target.consumer, target.group("generator"))
+        self.tail = Tail(target.consumer, topics, target.metadata_timeout_s)
+        self.commits = Committed(target.consumer, target.group("generator"), target.metadata_timeout_s)
         self.partitions = self.out.partitions(self.topics.work)
         self.model, _ = load_model(extra.model)
         self.store = CheckpointStore(extra.checkpoint_root, keep_last=10)

@@ -32,7 +32,7 @@ MAX_MESSAGE_BYTES: Final = 64 * 1024 * 1024
 class Tail:
     """Every message of some topics since their beginning, kept per topic in the order read."""
 
-    def __init__(self, config: Mapping[str, str], topics: Sequence[str], timeout_s: float = 10.0) -> None:
+    def __init__(self, config: Mapping[str, str], topics: Sequence[str], timeout_s: float) -> None:
         self._reader = TopicReader(config, timeout_s=timeout_s)
         tps = self._reader.partitions(topics)
         self._reader.assign(dict.fromkeys(tps, OFFSET_BEGINNING))
@@ -76,7 +76,7 @@ class Tail:
 class Committed:
     """The offsets a consumer group committed, fetched without joining it."""
 
-    def __init__(self, config: Mapping[str, str], group: str, timeout_s: float = 10.0) -> None:
+    def __init__(self, config: Mapping[str, str], group: str, timeout_s: float) -> None:
         extra = {
             "group.id": group,
             "enable.auto.commit": "false",

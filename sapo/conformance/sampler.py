@@ -52,10 +52,16 @@ class _Run:
         self.t = target
         self.r = results
         self.topics = target.topics
-        self.out = Sender(target.kafka)
-        self.tail = Tail(target.consumer, [self.topics.batches, self.topics.dlq, self.topics.leases])
-        self.local_commits = Committed(target.consumer, target.group("sampler"))
-        self.swarm_commits = Committed(target.consumer, target.group("sampler-swarm"))
+        self.out = Sender(target.kafka, target.metadata_timeout_s)
+        self.tail = Tail(
+            target.consumer,
+            [self.topics.batches, self.topics.dlq, self.topics.leases],
+            target.metadata_timeout_s,
+        )
+        self.local_commits = Committed(target.consumer, target.group("sampler"), target.metadata_timeout_s)
+        self.swarm_commits = Committed(
+            target.consumer, target.group("sampler-swarm"), target.metadata_timeout_s
+        )
         self.questions = material.questions()
         self.records: dict[str, QuestionRecord] = {}
         self.positions: dict[str, Position] = {}

@@ -42,10 +42,10 @@ class _Run:
         self.t = target
         self.r = results
         self.topics = target.topics
-        self.out = Sender(target.kafka)
+        self.out = Sender(target.kafka, target.metadata_timeout_s)
         topics = [self.topics.policy, self.topics.work, self.topics.dlq, self.topics.leases]
-        self.tail = Tail(target.consumer, topics)
-        self.commits = Committed(target.consumer, target.group("trainer"))
+        self.tail = Tail(target.consumer, topics, target.metadata_timeout_s)
+        self.commits = Committed(target.consumer, target.group("trainer"), target.metadata_timeout_s)
         self.questions = material.questions()
         self.sent: dict[str, Position] = {}  # batch id -> where the valid (first) copy was sent
         self.commit_problems: list[str] = []

@@ -1,10 +1,16 @@
-"""`sapo conformance` arguments: a bad value names the flag that gave it."""
+"""`sapo conformance` arguments: a bad value names the flag that gave it, and `--timeout` bounds the
+kit's metadata requests too. No broker: the kit's topic reader is a fake that records its timeout."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import NoReturn
 
 import pytest
 
 from sapo.cli import main
+from sapo.conformance import observe
+from sapo.inspect.reader import InspectError
 
 pytestmark = pytest.mark.unit
 KIT = ["conformance", "sampler", "--node", "node-0", "--bootstrap", "127.0.0.1:1"]
@@ -21,3 +27,21 @@ def test_a_value_out_of_bounds_names_the_flag_and_the_bound(
     monkeypatch.setenv("SAPO_CONFORMANCE_TIMEOUT_S", "5000")  # what the environment gave, it names
     assert main(KIT) == 2
     assert "SAPO_CONFORMANCE_TIMEOUT_S: Input should be less than or equal to 3600" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("flags", "waited"), [(["--timeout", "3"], 3.0), ([], 10.0), (["--timeout", "60"], 10.0)]
+)
+def test_metadata_requests_wait_no_longer_than_the_timeout(
+    monkeypatch: pytest.MonkeyPatch, flags: list[str], waited: float
+) -> None:
+    asked: list[float] = []
+
+    def unreachable(config: Mapping[str, str], timeout_s: float) -> NoReturn:
+        """The kit's topic reader as it finds no broker: it remembers how long it was told to wait."""
+        asked.append(timeout_s)
+        raise InspectError("no broker")
+
+    monkeypatch.setattr(observe, "TopicReader", unreachable)
+    assert main([*KIT, *flags]) == 1
+    assert asked == [waited]
