@@ -25,7 +25,7 @@ from types import FrameType
 from confluent_kafka import KafkaError, KafkaException
 
 from sapo.broker import DEFAULT_HOST, STORAGE_URL, BrokerError, EmbeddedBroker
-from sapo.cliargs import positive_int, positive_seconds
+from sapo.cliargs import bootstrap_servers, positive_int, positive_seconds
 from sapo.clientlog import LIBRDKAFKA_LOG
 from sapo.conformance import cli as conformance_cli
 from sapo.experiment.shipped import scenario_names
@@ -127,7 +127,12 @@ def _run_broker(args: argparse.Namespace) -> int:
 
 
 def _add_topics_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--bootstrap", required=True, help="bootstrap.servers of the cluster (HOST:PORT)")
+    parser.add_argument(
+        "--bootstrap",
+        type=bootstrap_servers,
+        required=True,
+        help="bootstrap.servers of the cluster (HOST:PORT)",
+    )
     parser.add_argument(
         "--node", dest="nodes", action="append", type=_node_id, required=True, help="node id (repeatable)"
     )

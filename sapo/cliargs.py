@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import socket
 
 
 def positive_int(value: str) -> int:
@@ -19,3 +20,32 @@ def positive_seconds(value: str) -> float:
     if not (math.isfinite(number) and number > 0):
         raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {value}")
     return number
+
+
+def bootstrap_servers(value: str) -> str:
+    """`--bootstrap`: HOST:PORT[,HOST:PORT...], every host resolvable. Checked before any Kafka client
+    starts: librdkafka reports an empty list or an unknown host only as a generic transport failure,
+    once the command's whole timeout has passed."""
+    for server in value.split(","):
+        host, port = _host_port(server.strip(), value)
+        try:
+            socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except socket.gaierror as exc:
+            raise argparse.ArgumentTypeError(
+                f"could not resolve host {host!r} of {value!r} ({exc.strerror}): check the name"
+            ) from None
+        except UnicodeError:  # the IDNA codec refuses the name (an empty label, one over 63 characters)
+            raise argparse.ArgumentTypeError(f"{host!r} of {value!r} is not a host name") from None
+    return value
+
+
+def _host_port(server: str, value: str) -> tuple[str, int]:
+    """HOST and PORT of one broker address: `[::1]:9092` for IPv6, an optional `SCHEME://` prefix as
+    librdkafka allows."""
+    host, colon, port = server.split("://", 1)[-1].rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not (colon and host and port.isdigit() and 0 < int(port) < 65536):
+        raise argparse.ArgumentTypeError(
+            f"must name the brokers as HOST:PORT[,HOST:PORT...]; {value!r} is not (e.g. localhost:9092)"
+        )
+    return host, int(port)

@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
-from sapo.cliargs import positive_int, positive_seconds
+from sapo.cliargs import bootstrap_servers, positive_int, positive_seconds
 from sapo.inspect.decode import to_entry
 from sapo.inspect.query import Filter, IntRange
 from sapo.inspect.reader import Bounds, InspectError, Start, Stats, TopicReader, read
@@ -106,7 +106,7 @@ def add_connection_arguments(parser: argparse.ArgumentParser, env: str) -> argpa
     """The Kafka connection flags (`sapo inspect`, `sapo conformance`): they override the typed
     `KafkaConnection` read from the `env` variables; `kafka_overrides` turns them into its fields."""
     conn = parser.add_argument_group(f"connection (overrides {env})")
-    conn.add_argument("--bootstrap", help="bootstrap.servers (HOST:PORT[,...])")
+    conn.add_argument("--bootstrap", type=bootstrap_servers, help="bootstrap.servers (HOST:PORT[,...])")
     conn.add_argument("--security-protocol", choices=[p.value for p in SecurityProtocol])
     conn.add_argument("--sasl-mechanism", help="PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER")
     conn.add_argument("--sasl-username")

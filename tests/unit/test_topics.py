@@ -104,3 +104,30 @@ def test_cli_rejects_invalid_node_id_before_connecting(capsys: pytest.CaptureFix
         main(["topics", "--bootstrap", "127.0.0.1:1", "--node", "Node_1"])
     assert exit_info.value.code == 2
     assert "invalid node id 'Node_1'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["topics", "--node", "node-0"],
+        ["keys", "revoke", "--node", "node-0", "--key-id", "0" * 32, "--signer", "old.key"],
+        ["inspect", "swarm"],
+        ["conformance", "sampler", "--node", "node-0"],
+    ],
+)
+def test_every_bootstrap_flag_refuses_an_empty_or_unresolvable_value_before_connecting(
+    capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    """librdkafka reports both only as a generic transport failure, after the whole timeout."""
+    for bootstrap, message in (
+        ("", "argument --bootstrap: must name the brokers as HOST:PORT"),
+        ("broker", "argument --bootstrap: must name the brokers as HOST:PORT"),
+        (
+            "no-such-host.invalid:9092",
+            "could not resolve host 'no-such-host.invalid' of 'no-such-host.invalid:9092'",
+        ),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main([*command, "--bootstrap", bootstrap])
+        assert exit_info.value.code == 2
+        assert message in capsys.readouterr().err

@@ -89,9 +89,9 @@ def test_flags_override_the_environment_and_secrets_come_from_env_or_files(
     secret = tmp_path / "password"
     secret.write_text("from-file\n")
     settings = settings_from(
-        args("--bootstrap", "flag-host:1", "--sasl-password-file", str(secret), "--prefix", "p")
+        args("--bootstrap", "localhost:1", "--sasl-password-file", str(secret), "--prefix", "p")
     )
-    assert settings.kafka.bootstrap_servers == "flag-host:1"
+    assert settings.kafka.bootstrap_servers == "localhost:1"  # a flag's host must resolve
     assert settings.kafka.sasl_password is not None
     assert settings.kafka.sasl_password.get_secret_value() == "from-file"
     assert settings.topic_prefix == "p"
