@@ -8,9 +8,10 @@
 
 TOPIC is a topic name, `swarm` (`<prefix>.swarm.rollouts`), `keys` (`<prefix>.swarm.keys`),
 `NODE/ROLE` (`<prefix>.node.NODE.ROLE`: rollouts, batches, policy, dlq, work, leases), `NODE` (every topic of
-that node) or `all` (every topic under the prefix). The connection comes from `SAPO_INSPECT_KAFKA__*`
-(as for the services: `SECURITY_PROTOCOL`, `SASL_*`, `SSL_*`), overridden by the flags below; the
-SASL password and the TLS key password only from the environment or a file.
+that node; an argument that is a node id reads as one) or `all` (every topic under the prefix). The
+connection comes from `SAPO_INSPECT_KAFKA__*` (as for the services: `SECURITY_PROTOCOL`, `SASL_*`,
+`SSL_*`), overridden by the flags below; the SASL password and the TLS key password only from the
+environment or a file.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from sapo.inspect.settings import InspectSettings
 from sapo.kafka import TransportError
 from sapo.lifecycle import StopFlag, install_signal_handlers
 from sapo.settings import ConfigError, SecurityProtocol, load_settings
+from sapo.topics import NODE_ID_RE, validate_node_id, validate_topic_name
 
 log = logging.getLogger("sapo.cli")
 
@@ -44,11 +46,30 @@ _DURATION_RE: Final = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNIT_S: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
+def topic_spec(spec: str) -> str:
+    """`spec` if it is a TOPIC argument (module docstring), else ValueError saying what is allowed."""
+    if spec in ("swarm", "keys", "all") or NODE_ID_RE.match(spec):
+        return spec
+    node, slash, role = spec.partition("/")
+    if slash:
+        validate_node_id(node)
+        if role not in NODE_ROLES:
+            raise ValueError(f"{spec!r}: the role after '/' is one of {', '.join(NODE_ROLES)}")
+        return spec
+    try:
+        return validate_topic_name(spec)
+    except ValueError:
+        raise ValueError(
+            f"{spec!r} is neither a node id nor a topic name: TOPIC is swarm, keys, all, NODE, NODE/ROLE "
+            "or a Kafka topic name (1-249 ASCII letters, digits, '.', '_' and '-')"
+        ) from None
+
+
 def resolve_topics(specs: Sequence[str], prefix: str, existing: Callable[[], list[str]]) -> list[str]:
     """Topic names for the TOPIC arguments (module docstring), in order, each once. `existing` lists
     the cluster's topics; it is asked only for `NODE` and `all`."""
     names: list[str] = []
-    for spec in specs:
+    for spec in map(topic_spec, specs):
         if spec == "swarm":
             names.append(f"{prefix}.swarm.rollouts")
         elif spec == "keys":
@@ -57,10 +78,8 @@ def resolve_topics(specs: Sequence[str], prefix: str, existing: Callable[[], lis
             names += [t for t in existing() if t.startswith(f"{prefix}.")]
         elif "/" in spec:
             node, _, role = spec.partition("/")
-            if role not in NODE_ROLES:
-                raise ValueError(f"{spec!r}: the role after '/' is one of {', '.join(NODE_ROLES)}")
             names.append(f"{prefix}.node.{node}.{role}")
-        elif "." not in spec:
+        elif NODE_ID_RE.match(spec):
             mine = [t for t in existing() if t.startswith(f"{prefix}.node.{spec}.")]
             if not mine:
                 raise ValueError(f"no topics of node {spec!r} under prefix {prefix!r}")
@@ -86,6 +105,13 @@ def parse_since(text: str, now_s: float) -> int:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return int(moment.timestamp() * 1000)
+
+
+def _topic(text: str) -> str:
+    try:
+        return topic_spec(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _range(text: str) -> IntRange:
@@ -144,7 +170,7 @@ def kafka_overrides(args: argparse.Namespace) -> dict[str, Any]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("topics", nargs="+", metavar="TOPIC", help="what to read (see above)")
+    parser.add_argument("topics", nargs="+", type=_topic, metavar="TOPIC", help="what to read (see above)")
     conn = add_connection_arguments(parser, "SAPO_INSPECT_KAFKA__*")
     conn.add_argument("--prefix", help="topic name prefix (default: SAPO_INSPECT_TOPIC_PREFIX or sapo)")
     where = parser.add_argument_group("where to start (default: the beginning)")

@@ -47,6 +47,34 @@ def test_topic_shorthands() -> None:
         resolve_topics(["all"], "nothing", existing)
 
 
+@pytest.mark.parametrize(
+    ("topic", "message"),
+    [
+        ("bad topic!", "'bad topic!' is neither a node id nor a topic name: TOPIC is swarm, keys, all"),
+        ("a" * 250, "is neither a node id nor a topic name"),
+        ("..", "is neither a node id nor a topic name"),
+        ("Node_0/dlq", "invalid node id 'Node_0'"),
+        ("node-0/logs", "the role after '/' is one of rollouts"),
+    ],
+)
+def test_a_topic_argument_that_is_neither_a_node_nor_a_topic_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], topic: str, message: str
+) -> None:
+    with pytest.raises(SystemExit) as usage:
+        build_parser().parse_args(["inspect", "--bootstrap", "127.0.0.1:1", topic])
+    assert usage.value.code == 2
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert error.startswith("sapo inspect: error: argument TOPIC: ") and message in error
+
+
+def test_a_name_that_is_no_node_id_reads_as_a_topic_name() -> None:
+    assert resolve_topics(["Team_Topic", "node-0"], "sapo", lambda: TOPICS) == [
+        "Team_Topic",
+        "sapo.node.node-0.batches",
+        "sapo.node.node-0.dlq",
+    ]
+
+
 def test_since() -> None:
     now = 1_000_000.0
     assert parse_since("90s", now) == (now - 90) * 1000
