@@ -6,6 +6,9 @@ import argparse
 import math
 import socket
 
+KAFKA_PORT = 9092
+"""librdkafka's port for a broker address that names none."""
+
 
 def positive_int(value: str) -> int:
     number = int(value)
@@ -40,9 +43,12 @@ def bootstrap_servers(value: str) -> str:
 
 
 def _host_port(server: str, value: str) -> tuple[str, int]:
-    """HOST and PORT of one broker address: `[::1]:9092` for IPv6, an optional `SCHEME://` prefix as
-    librdkafka allows."""
-    host, colon, port = server.split("://", 1)[-1].rpartition(":")
+    """HOST and PORT of one broker address: `[::1]:9092` for IPv6, an optional `SCHEME://` prefix, and
+    a bare HOST meaning port 9092, as librdkafka allows."""
+    address = server.split("://", 1)[-1]
+    if address and ":" not in address:
+        return address, KAFKA_PORT
+    host, colon, port = address.rpartition(":")
     host = host.removeprefix("[").removesuffix("]")
     if not (colon and host and port.isdigit() and 0 < int(port) < 65536):
         raise argparse.ArgumentTypeError(

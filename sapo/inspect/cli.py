@@ -210,13 +210,15 @@ def _read_secret(path: Path | None, flag: str) -> str | None:
 
 
 def settings_from(args: argparse.Namespace) -> InspectSettings:
-    """Environment first, flags over it; exits with what to set when the result is invalid."""
+    """Environment first, flags over it; exits with what to set when the result is invalid (a bad value
+    is named by the flag when a flag gave it)."""
     overrides: dict[str, Any] = {"kafka": kafka_overrides(args)}
+    given: dict[str, str] = {}
     if args.prefix is not None:
-        overrides["topic_prefix"] = args.prefix
+        overrides["topic_prefix"], given["topic_prefix"] = args.prefix, "--prefix"
     if args.idle is not None:
-        overrides["idle_s"] = args.idle
-    return load_settings(InspectSettings, **overrides)
+        overrides["idle_s"], given["idle_s"] = args.idle, "--idle"
+    return load_settings(InspectSettings, given, **overrides)
 
 
 def _start(args: argparse.Namespace) -> Start:

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from sapo.cli import main
+from sapo.cliargs import bootstrap_servers
 from sapo.topics import (
     DEFAULT_MAX_MESSAGE_BYTES,
     WORK_PARTITIONS,
@@ -121,7 +122,9 @@ def test_every_bootstrap_flag_refuses_an_empty_or_unresolvable_value_before_conn
     """librdkafka reports both only as a generic transport failure, after the whole timeout."""
     for bootstrap, message in (
         ("", "argument --bootstrap: must name the brokers as HOST:PORT"),
-        ("broker", "argument --bootstrap: must name the brokers as HOST:PORT"),
+        ("broker:", "argument --bootstrap: must name the brokers as HOST:PORT"),
+        ("localhost:99999", "argument --bootstrap: must name the brokers as HOST:PORT"),
+        ("no-such-host.invalid", "could not resolve host 'no-such-host.invalid'"),  # port 9092, as librdkafka
         (
             "no-such-host.invalid:9092",
             "could not resolve host 'no-such-host.invalid' of 'no-such-host.invalid:9092'",
@@ -131,3 +134,8 @@ def test_every_bootstrap_flag_refuses_an_empty_or_unresolvable_value_before_conn
             main([*command, "--bootstrap", bootstrap])
         assert exit_info.value.code == 2
         assert message in capsys.readouterr().err
+
+
+def test_a_bootstrap_list_in_any_form_librdkafka_takes_is_accepted() -> None:
+    for value in ("localhost", "localhost:9092", "PLAINTEXT://127.0.0.1:9092,localhost", "[::1]:9093"):
+        assert bootstrap_servers(value) == value

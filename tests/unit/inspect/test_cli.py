@@ -132,7 +132,7 @@ def test_bad_connection_settings_say_what_to_set(monkeypatch: pytest.MonkeyPatch
         settings_from(args("--security-protocol", "SASL_PLAINTEXT", "--sasl-mechanism", "PLAIN"))
     with pytest.raises(ConfigError, match=r"--sasl-password-file .*: No such file"):
         settings_from(args("--sasl-password-file", str(tmp_path / "missing")))
-    with pytest.raises(ConfigError, match=r"SAPO_INSPECT_IDLE_S: .*shorter than two fetch waits"):
+    with pytest.raises(ConfigError, match=r"--idle: .*shorter than two fetch waits"):
         settings_from(args("--idle", "0.1"))
     monkeypatch.setenv("SAPO_INSPECT_KAFKA_BOOTSTRAP", "typo")
     with pytest.raises(ConfigError, match="unknown setting"):
