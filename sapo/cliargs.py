@@ -26,11 +26,15 @@ def positive_seconds(value: str) -> float:
 
 
 def bootstrap_servers(value: str) -> str:
-    """`--bootstrap`: HOST:PORT[,HOST:PORT...], every host resolvable. Checked before any Kafka client
-    starts: librdkafka reports an empty list or an unknown host only as a generic transport failure,
-    once the command's whole timeout has passed."""
-    for server in value.split(","):
-        host, port = _host_port(server.strip(), value)
+    """`--bootstrap`: HOST[:PORT][,HOST[:PORT]...], every host resolvable. Checked before any Kafka
+    client starts: librdkafka reports an empty list or an unknown host only as a generic transport
+    failure, once the command's whole timeout has passed. Empty items (a trailing comma) are skipped, as
+    librdkafka skips them."""
+    servers = [server.strip() for server in value.split(",") if server.strip()]
+    if not servers:
+        raise argparse.ArgumentTypeError(_FORM.format(value=value))
+    for server in servers:
+        host, port = _host_port(server, value)
         try:
             socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except socket.gaierror as exc:
@@ -42,16 +46,25 @@ def bootstrap_servers(value: str) -> str:
     return value
 
 
+_FORM = "must name the brokers as HOST:PORT[,HOST:PORT...]; {value!r} is not (e.g. localhost:9092)"
+
+
 def _host_port(server: str, value: str) -> tuple[str, int]:
-    """HOST and PORT of one broker address: `[::1]:9092` for IPv6, an optional `SCHEME://` prefix, and
-    a bare HOST meaning port 9092, as librdkafka allows."""
+    """HOST and PORT of one broker address as librdkafka reads it: an optional `SCHEME://` prefix,
+    `[IPv6]` in brackets, and port 9092 when none is named (a bare host name or IPv6 address)."""
     address = server.split("://", 1)[-1]
-    if address and ":" not in address:
-        return address, KAFKA_PORT
-    host, colon, port = address.rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")
-    if not (colon and host and port.isdigit() and 0 < int(port) < 65536):
-        raise argparse.ArgumentTypeError(
-            f"must name the brokers as HOST:PORT[,HOST:PORT...]; {value!r} is not (e.g. localhost:9092)"
-        )
+    port: str | None = None  # None: no port named
+    if address.startswith("["):
+        host, closed, rest = address[1:].partition("]")
+        if not closed or (rest and not rest.startswith(":")):
+            raise argparse.ArgumentTypeError(_FORM.format(value=value))
+        port = rest[1:] if rest else None
+    elif address.count(":") == 1:
+        host, _, port = address.partition(":")
+    else:  # a host name, or an IPv6 address without brackets
+        host = address
+    if port is None and host:
+        return host, KAFKA_PORT
+    if not (host and port and port.isdigit() and 0 < int(port) < 65536):
+        raise argparse.ArgumentTypeError(_FORM.format(value=value))
     return host, int(port)

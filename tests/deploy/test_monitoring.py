@@ -44,7 +44,10 @@ pytestmark = pytest.mark.unit
 
 # --- what the custom resources say (their fields are validated in test_crds.py) ------------------
 
-DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+DNS_SUBDOMAIN = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*$")
+"""A Kubernetes object name (RFC 1123 subdomain): dot-separated labels, each starting and ending with a
+letter or digit."""
 README = ROOT / "deploy/README.md"
 
 
@@ -276,11 +279,18 @@ def test_nodes_sharing_a_grafana_and_a_strimzi_namespace_get_objects_of_their_ow
         by_prefix.append({d["metadata"]["name"] for d in docs})
     for i, mine in enumerate(by_prefix):
         assert all(not mine & other for other in by_prefix[i + 1 :])
-    for prefix in ("_sapo", ".-sapo", "sapo-._"):  # the swarm topics' names keep the prefix's dots
-        swarm = render(
-            None, "kafkaTopics.enabled=true", "kafkaTopics.swarm.create=true", f"topicPrefix={prefix}"
-        )
-        assert all(DNS_SUBDOMAIN.match(d["metadata"]["name"]) for d in of_kind(swarm, "KafkaTopic")), prefix
+    # The swarm topics' names keep the prefix's dots, and each is valid and its own whatever the prefix.
+    swarm_sets = ("kafkaTopics.enabled=true", "kafkaTopics.swarm.create=true")
+    for prefix in ("_sapo", ".-sapo", "sapo-._", "a-.b", "a..b", "a._b", "a" * 62 + ".b", "a" * 60, "_"):
+        swarm_names = [
+            d["metadata"]["name"]
+            for d in of_kind(render(None, *swarm_sets, f"topicPrefix={prefix}"), "KafkaTopic")
+        ]
+        assert all(DNS_SUBDOMAIN.match(name) for name in swarm_names), (prefix, swarm_names)
+        assert len(set(swarm_names)) == len(swarm_names), (prefix, swarm_names)
+    # Names earlier charts gave that were valid stay, so an upgrade keeps the swarm's KafkaTopics.
+    kept = {d["metadata"]["name"] for d in render(None, *swarm_sets, "topicPrefix=sapo_.")}
+    assert {"sapo--swarm-rollouts", "sapo--swarm-keys"} <= kept
 
 
 def queried_metrics() -> dict[str, set[str]]:

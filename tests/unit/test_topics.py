@@ -137,5 +137,14 @@ def test_every_bootstrap_flag_refuses_an_empty_or_unresolvable_value_before_conn
 
 
 def test_a_bootstrap_list_in_any_form_librdkafka_takes_is_accepted() -> None:
-    for value in ("localhost", "localhost:9092", "PLAINTEXT://127.0.0.1:9092,localhost", "[::1]:9093"):
+    for value in (
+        "localhost",
+        "localhost:9092",
+        "PLAINTEXT://127.0.0.1:9092, localhost",
+        "SASL_SSL://localhost:9093",
+        "[::1]:9093",
+        "[::1]",
+        "::1",
+        "localhost:9092,",
+    ):
         assert bootstrap_servers(value) == value

@@ -366,21 +366,38 @@ serves, else kafka.strimzi.io/v1 (Strimzi >= 0.49; 1.0 serves only v1).
 {{- end }}
 {{- end }}
 
-{{/* The topic prefix as a piece of a Kubernetes name: lower case, '_' as '-', '.' as '-' too unless
-"dots" is true, no '-' or '.' at either end. Call with (dict "prefix" .Values.topicPrefix "dots" false). */}}
+{{/* The topic prefix as a piece of a Kubernetes name: lower case, '_' and '.' as '-', no '-' at either
+end. Call with the prefix. */}}
 {{- define "sapo-node.prefixSlug" -}}
-{{- $slug := .prefix | lower | replace "_" "-" }}
-{{- if not .dots }}
-{{- $slug = replace "." "-" $slug }}
-{{- end }}
-{{- regexReplaceAll "^[-.]+|[-.]+$" $slug "" }}
+{{- . | lower | replace "_" "-" | replace "." "-" | trimAll "-" }}
 {{- end }}
 
-{{/* `sapo-node.prefixSlug` without dots; a prefix that had to change gets a digest of itself, so
+{{/* The name of a swarm KafkaTopic object (suffix "rollouts" or "keys"), shared by every node of the
+swarm: the form earlier charts gave it while that form is a valid name distinct from its sibling's,
+so an upgrade keeps its objects; otherwise the prefix lower case, '_' as '-', each '.' with the '-' and
+'.' around it as one '.', no '-' or '.' at either end. Call with (dict "root" $ "suffix" "rollouts"). */}}
+{{- define "sapo-node.swarmTopicObject" -}}
+{{- $prefix := .root.Values.topicPrefix | lower | replace "_" "-" }}
+{{- $legacy := $prefix | trimAll "-" | trimAll "." }}
+{{- $old := dict }}
+{{- range list "rollouts" "keys" }}
+{{- $_ := set $old . (printf "%s-swarm-%s" $legacy . | trunc 63 | trimSuffix "-") }}
+{{- end }}
+{{- $name := get $old .suffix }}
+{{- $label := "[a-z0-9]([-a-z0-9]*[a-z0-9])?" }}
+{{- if not (and (regexMatch (printf "^%s(\\.%s)*$" $label $label) $name) (ne $old.rollouts $old.keys)) }}
+{{- $slug := regexReplaceAll "[-.]*\\.[-.]*" $prefix "." }}
+{{- $slug = regexReplaceAll "^[-.]+|[-.]+$" $slug "" }}
+{{- $name = printf "%s-swarm-%s" $slug .suffix | trimPrefix "-" }}
+{{- end }}
+{{- $name }}
+{{- end }}
+
+{{/* `sapo-node.prefixSlug`; a prefix that had to change gets a digest of itself, so
 prefixes that differ in those characters only (sapo.a, sapo_a, Sapo-a) stay apart. */}}
 {{- define "sapo-node.prefixName" -}}
 {{- $prefix := .Values.topicPrefix }}
-{{- $name := include "sapo-node.prefixSlug" (dict "prefix" $prefix "dots" false) }}
+{{- $name := include "sapo-node.prefixSlug" $prefix }}
 {{- if ne $name $prefix }}
 {{- $name = printf "%s-%s" $name (sha256sum $prefix | trunc 6) | trimPrefix "-" }}
 {{- end }}
@@ -398,7 +415,7 @@ Call with (dict "root" $ "suffix" "rollouts"). */}}
 {{/* Name of the node's KafkaUser (also its Secret's name, and its TLS certificate's CN: no digest, so
 that the name stays what earlier charts made it). */}}
 {{- define "sapo-node.kafkaUserName" -}}
-{{- $slug := include "sapo-node.prefixSlug" (dict "prefix" .Values.topicPrefix "dots" false) }}
+{{- $slug := include "sapo-node.prefixSlug" .Values.topicPrefix }}
 {{- default (printf "%s-%s" $slug .Values.nodeId) .Values.kafkaUser.name | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
