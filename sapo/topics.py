@@ -46,7 +46,7 @@ class TopicError(RuntimeError):
 
 def validate_node_id(node_id: str) -> str:
     """Return `node_id` if it is usable in topic names, else raise ValueError saying what to change."""
-    if not NODE_ID_RE.match(node_id):
+    if not NODE_ID_RE.fullmatch(node_id):
         raise ValueError(
             f"invalid node id {node_id!r}: use 1-48 characters of lowercase letters, digits and '-',"
             " starting with a letter or digit (for example 'node-0')"
@@ -56,7 +56,7 @@ def validate_node_id(node_id: str) -> str:
 
 def validate_topic_name(name: str) -> str:
     """Return `name` if Apache Kafka accepts it as a topic name, else raise ValueError."""
-    if not TOPIC_NAME_RE.match(name) or name in (".", ".."):
+    if not TOPIC_NAME_RE.fullmatch(name) or name in (".", ".."):
         raise ValueError(
             f"invalid topic name {name!r}: Kafka allows 1-249 characters of ASCII letters, digits, '.', '_'"
             " and '-' (and not '.' or '..')"
@@ -107,7 +107,7 @@ class TopicNames:
     def for_node(cls, node_id: str, prefix: str = DEFAULT_PREFIX) -> TopicNames:
         """The default names: `<prefix>.swarm.{rollouts,keys}` and `<prefix>.node.<id>.{rollouts,...}`."""
         validate_node_id(node_id)
-        if not PREFIX_RE.match(prefix):
+        if not PREFIX_RE.fullmatch(prefix):
             raise ValueError(
                 f"invalid topic prefix {prefix!r}: use 1-64 ASCII letters, digits, '.', '_' or '-'"
             )

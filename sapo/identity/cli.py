@@ -49,7 +49,7 @@ def _node_id(value: str) -> str:
 
 
 def _key_id(value: str) -> str:
-    if not KEY_ID_RE.match(value):
+    if not KEY_ID_RE.fullmatch(value):
         raise argparse.ArgumentTypeError(f"{value!r} is not a key id (32 lower-case hex characters)")
     return value
 

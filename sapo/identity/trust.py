@@ -217,7 +217,7 @@ class TrustStore:
             return Rejection("bad_signature", "the public key header does not match the key id")
         if not valid(public, signature, data):
             return Rejection("bad_signature", f"key {kid}")
-        if not NODE_ID_RE.match(node):
+        if not NODE_ID_RE.fullmatch(node):
             return Rejection("missing_node_id", f"{node!r} is not a node id")
         return self._pin(node, public)
 
@@ -335,7 +335,7 @@ def parse_announcement(value: bytes | None) -> _Announcement | str:
         return "bad_statement"
     if (
         statement.schema_version != SCHEMA_VERSION
-        or not NODE_ID_RE.match(statement.node_id)
+        or not NODE_ID_RE.fullmatch(statement.node_id)
         or len(envelope.signatures) > MAX_SIGNATURES
     ):
         return "bad_statement"

@@ -63,7 +63,7 @@ class TrustList(BaseModel):
     @field_validator("revoked")
     @classmethod
     def _check_revoked(cls, ids: tuple[str, ...]) -> tuple[str, ...]:
-        bad = [kid for kid in ids if not KEY_ID_RE.match(kid)]
+        bad = [kid for kid in ids if not KEY_ID_RE.fullmatch(kid)]
         if bad:
             raise ValueError(f"revoked entries {bad} are not key ids (32 lower-case hex characters)")
         return ids

@@ -48,7 +48,7 @@ _UNIT_S: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 def topic_spec(spec: str) -> str:
     """`spec` if it is a TOPIC argument (module docstring), else ValueError saying what is allowed."""
-    if spec in ("swarm", "keys", "all") or NODE_ID_RE.match(spec):
+    if spec in ("swarm", "keys", "all") or NODE_ID_RE.fullmatch(spec):
         return spec
     node, slash, role = spec.partition("/")
     if slash:
@@ -79,7 +79,7 @@ def resolve_topics(specs: Sequence[str], prefix: str, existing: Callable[[], lis
         elif "/" in spec:
             node, _, role = spec.partition("/")
             names.append(f"{prefix}.node.{node}.{role}")
-        elif NODE_ID_RE.match(spec):
+        elif NODE_ID_RE.fullmatch(spec):
             mine = [t for t in existing() if t.startswith(f"{prefix}.node.{spec}.")]
             if not mine:
                 raise ValueError(f"no topics of node {spec!r} under prefix {prefix!r}")

@@ -87,7 +87,7 @@ _load_contract()
 
 def message_class(type_name: str) -> type[Message] | None:
     """The generated class of `sapo.v1.<type_name>`, or None when the contract has no such message."""
-    if not _TYPE_NAME_RE.match(type_name):
+    if not _TYPE_NAME_RE.fullmatch(type_name):
         return None
     try:
         descriptor = descriptor_pool.Default().FindMessageTypeByName(f"sapo.v1.{type_name}")

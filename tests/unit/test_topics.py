@@ -67,7 +67,20 @@ def test_valid_node_ids(node_id: str) -> None:
     assert validate_node_id(node_id) == node_id
 
 
-@pytest.mark.parametrize("node_id", ["", "Node", "node_0", "node.0", "-node", "x" * 49, "nöde", "a b"])
+@pytest.mark.parametrize(
+    "node_id",
+    [
+        "",
+        "Node",
+        "node_0",
+        "node.0",
+        "-node",
+        "x" * 49,
+        "nöde",
+        "a b",
+        "node-0\n",
+    ],  # '$' alone took a final \n
+)
 def test_invalid_node_ids_say_what_is_allowed(node_id: str) -> None:
     with pytest.raises(ValueError, match="lowercase letters, digits and '-'"):
         validate_node_id(node_id)
@@ -75,13 +88,13 @@ def test_invalid_node_ids_say_what_is_allowed(node_id: str) -> None:
         TopicNames.for_node(node_id)
 
 
-@pytest.mark.parametrize("prefix", ["", "a b", "x" * 65, "sapo!"])
+@pytest.mark.parametrize("prefix", ["", "a b", "x" * 65, "sapo!", "sapo\n"])
 def test_invalid_prefix_is_rejected(prefix: str) -> None:
     with pytest.raises(ValueError, match="invalid topic prefix"):
         TopicNames.for_node("n1", prefix=prefix)
 
 
-@pytest.mark.parametrize("name", [".", "..", "", "a/b", "x" * 250])
+@pytest.mark.parametrize("name", [".", "..", "", "a/b", "x" * 250, "topic\n"])
 def test_kafka_topic_name_rules(name: str) -> None:
     with pytest.raises(ValueError, match="invalid topic name"):
         validate_topic_name(name)

@@ -119,6 +119,14 @@ def test_tofu_pins_only_a_public_key_that_matches_the_key_id_and_signature() -> 
     assert len(store) == 0
 
 
+def test_tofu_never_pins_a_name_that_is_no_node_id() -> None:
+    """A node id followed by a newline once passed the `^...$` pattern (Python's `$` matches before a
+    final newline), and would have been pinned, counted and put in topic names."""
+    store = TrustStore(tofu=True)
+    assert reason(store.identify(*signed("node-a\n", A), NOW)) == "missing_node_id"
+    assert store.take_new_pins() == []
+
+
 def test_tofu_stops_pinning_at_its_limit() -> None:
     store = TrustStore(tofu=True, max_pinned_nodes=2)
     for i in range(2):
