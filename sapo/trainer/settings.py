@@ -17,7 +17,7 @@ from sapo.grpo.config import DEFAULT_LOSS_CONFIG as PAPER_LOSS
 from sapo.grpo.config import LossConfig
 from sapo.models.settings import ModelSettings
 from sapo.settings import LeaseSettings, PeerMetricsSettings, RoundSettings, ServiceSettings
-from sapo.trainer.config import OptimConfig, StepConfig
+from sapo.trainer.config import OptimConfig, Precision, Schedule, StepConfig
 
 
 class TrainerSettings(
@@ -30,7 +30,7 @@ class TrainerSettings(
     )
 
     # --- model and numerics (model, device: sapo.models.settings.ModelSettings) --------------------------
-    precision: Literal["fp32", "bf16"] = Field(
+    precision: Precision = Field(
         "fp32",
         description="bf16: forward/backward under bf16 autocast with fp32 master weights and optimizer "
         "state. Faster only where bf16 matmuls are native (GPUs, CPUs with AMX / AVX512-BF16); on an "
@@ -53,7 +53,7 @@ class TrainerSettings(
     adam_beta2: float = Field(0.999, ge=0, lt=1, description="AdamW beta2.")
     adam_eps: float = Field(1e-8, gt=0, le=1e-2, description="AdamW epsilon.")
     weight_decay: float = Field(0.0, ge=0, le=1, description="AdamW decoupled weight decay.")
-    lr_schedule: Literal["constant", "cosine"] = Field(
+    lr_schedule: Schedule = Field(
         "constant", description="After warmup: constant, or cosine decay to lr * min_lr_ratio at total_steps."
     )
     warmup_steps: int = Field(0, ge=0, le=1_000_000, description="Optimizer steps of linear warmup.")
