@@ -18,6 +18,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final, Self, TypeVar
 
+import annotated_types
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -335,6 +336,19 @@ def field_types(info: FieldInfo) -> list[Any]:
         return [annotation]
 
     return members(info.annotation)
+
+
+_BOUND_TYPES = (annotated_types.Ge, annotated_types.Gt, annotated_types.Le, annotated_types.Lt)
+
+
+def field_bounds(info: FieldInfo) -> dict[str, int | float]:
+    """A numeric field's declared bounds by their `Field` names: `ge`, `gt`, `le`, `lt` (each kept by
+    annotated_types as a class of that name, the bound under the lower-case name)."""
+    return {
+        kind: getattr(m, kind)
+        for m in info.metadata
+        if isinstance(m, _BOUND_TYPES) and (kind := type(m).__name__.lower())
+    }
 
 
 def env_fields(model: type[BaseModel], prefix: str = "") -> dict[str, FieldInfo]:

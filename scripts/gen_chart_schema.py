@@ -22,7 +22,6 @@ import typing
 from pathlib import Path
 from typing import Any
 
-import annotated_types
 from pydantic.fields import FieldInfo
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from sapo.generator.settings import GeneratorSettings  # noqa: E402
 from sapo.sampler.settings import SamplerSettings  # noqa: E402
-from sapo.settings import ServiceSettings, env_fields, field_types  # noqa: E402
+from sapo.settings import ServiceSettings, env_fields, field_bounds, field_types  # noqa: E402
 from sapo.trainer.settings import TrainerSettings  # noqa: E402
 
 SCHEMA = ROOT / "deploy/k8s/sapo-node/values.schema.json"
@@ -52,18 +51,12 @@ CHART_OWNED_PREFIXES = ("KAFKA__", "SWARM_KAFKA__", "IDENTITY__")
 
 
 NUMBER_TYPES: dict[type, str] = {int: "integer", float: "number"}
-BOUNDS: dict[type, str] = {
-    annotated_types.Ge: "minimum",
-    annotated_types.Gt: "exclusiveMinimum",
-    annotated_types.Le: "maximum",
-    annotated_types.Lt: "exclusiveMaximum",
-}
-"""The settings' numeric bounds as JSON Schema keywords (the names annotated_types keeps them under
-differ only in case: `Ge.ge`, `Gt.gt`, ...)."""
+JSON_BOUNDS = {"ge": "minimum", "gt": "exclusiveMinimum", "le": "maximum", "lt": "exclusiveMaximum"}
+"""The settings' numeric bounds (`sapo.settings.field_bounds`) as JSON Schema keywords."""
 
 
 def _bounds(info: FieldInfo) -> dict[str, Any]:
-    return {BOUNDS[type(m)]: getattr(m, type(m).__name__.lower()) for m in info.metadata if type(m) in BOUNDS}
+    return {JSON_BOUNDS[kind]: bound for kind, bound in field_bounds(info).items()}
 
 
 def _value_schema(info: FieldInfo) -> dict[str, Any]:

@@ -49,7 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from sapo.experiment.shipped import SCENARIO_DIR, scenario_names
 from sapo.sampler.assembler import RoundMode
 from sapo.sampler.settings import SamplerSettings
-from sapo.settings import ConfigError
+from sapo.settings import ConfigError, field_bounds
 from sapo.swarm.manifest import NodeSpec, SwarmManifest, parse_manifest, service_values
 
 SERVICE_KEYS = ("generator", "sampler", "trainer")
@@ -360,8 +360,7 @@ def _check_mix(scenario: Scenario, name: str) -> None:
 
 def _upper_bound(field_name: str) -> int:
     """The `le` bound the sampler settings declare for one of their fields."""
-    bounds = [m.le for m in SamplerSettings.model_fields[field_name].metadata if hasattr(m, "le")]
-    return int(bounds[0])
+    return int(field_bounds(SamplerSettings.model_fields[field_name])["le"])
 
 
 def _lockstep_round_sizes(scenario: Scenario, config: str) -> list[int]:

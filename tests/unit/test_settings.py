@@ -17,6 +17,7 @@ from sapo.settings import (
     KafkaConnection,
     ServiceSettings,
     describe,
+    field_bounds,
     load_settings,
 )
 
@@ -149,3 +150,10 @@ def test_log_level_in_either_case_and_a_list_given_as_plain_text_says_json(
     assert 'a variable holding a list is JSON, e.g. ["a", "b"]' in str(error.value)
     monkeypatch.setenv("SAPO_SAMPLER_ACCEPTED_TASKS", '["calendar_arithmetic"]')
     assert load_settings(SamplerSettings).accepted_tasks == frozenset({"calendar_arithmetic"})
+
+
+def test_field_bounds_are_the_declared_ones() -> None:
+    fields = SamplerSettings.model_fields
+    assert field_bounds(fields["local_groups"]) == {"ge": 0, "le": 256}
+    assert field_bounds(fields["lockstep_timeout_s"]) == {"gt": 0, "le": 86_400}
+    assert field_bounds(fields["node_id"]) == {}
