@@ -17,63 +17,24 @@ from typing import TYPE_CHECKING
 from sapo.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from sapo.generator.groups import (
-        BatchContext,
-        Generated,
-        RoundPrompt,
-        RoundSource,
-        build_group,
-        generate_items,
-        to_completion,
-    )
-    from sapo.generator.reload import ReloadPolicy, Retry, is_transient
-    from sapo.generator.sharing import SharingPolicy, should_share
-    from sapo.generator.work import Item, Pacing, PacingMode, group_id, item_seed, plan_rounds, round_items
+    from sapo.generator.groups import BatchContext as BatchContext
+    from sapo.generator.groups import Generated as Generated
+    from sapo.generator.groups import RoundPrompt as RoundPrompt
+    from sapo.generator.groups import RoundSource as RoundSource
+    from sapo.generator.groups import build_group as build_group
+    from sapo.generator.groups import generate_items as generate_items
+    from sapo.generator.groups import to_completion as to_completion
+    from sapo.generator.reload import ReloadPolicy as ReloadPolicy
+    from sapo.generator.reload import Retry as Retry
+    from sapo.generator.reload import is_transient as is_transient
+    from sapo.generator.sharing import SharingPolicy as SharingPolicy
+    from sapo.generator.sharing import should_share as should_share
+    from sapo.generator.work import Item as Item
+    from sapo.generator.work import Pacing as Pacing
+    from sapo.generator.work import PacingMode as PacingMode
+    from sapo.generator.work import group_id as group_id
+    from sapo.generator.work import item_seed as item_seed
+    from sapo.generator.work import plan_rounds as plan_rounds
+    from sapo.generator.work import round_items as round_items
 else:
-    __getattr__ = lazy_exports(
-        __name__,
-        {
-            "sapo.generator.groups": (
-                "BatchContext",
-                "Generated",
-                "RoundPrompt",
-                "RoundSource",
-                "build_group",
-                "generate_items",
-                "to_completion",
-            ),
-            "sapo.generator.reload": ("ReloadPolicy", "Retry", "is_transient"),
-            "sapo.generator.sharing": ("SharingPolicy", "should_share"),
-            "sapo.generator.work": (
-                "Item",
-                "Pacing",
-                "PacingMode",
-                "group_id",
-                "item_seed",
-                "plan_rounds",
-                "round_items",
-            ),
-        },
-    )
-
-__all__ = [
-    "BatchContext",
-    "Generated",
-    "Item",
-    "Pacing",
-    "PacingMode",
-    "ReloadPolicy",
-    "Retry",
-    "RoundPrompt",
-    "RoundSource",
-    "SharingPolicy",
-    "build_group",
-    "generate_items",
-    "group_id",
-    "is_transient",
-    "item_seed",
-    "plan_rounds",
-    "round_items",
-    "should_share",
-    "to_completion",
-]
+    __getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)

@@ -15,55 +15,28 @@ from typing import TYPE_CHECKING
 from sapo.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from sapo.models.bpe import bpe_tokenizer_dir, load_bpe_tokenizer
-    from sapo.models.bundled import bundled_model_dir, bundled_tokenizer_dir, load_bundled_tokenizer
-    from sapo.models.cache import cache_root
-    from sapo.models.fingerprint import tokenizer_fingerprint
-    from sapo.models.hub import ModelUnavailableError, require_local
-    from sapo.models.loading import load_model, require_loadable
-    from sapo.models.refs import BUNDLED_REF, PROJECT_REF_KINDS, is_project_ref, ref_kind
-    from sapo.models.tiny import TinySpec, build_tiny_model, parse_tiny_ref
-    from sapo.models.tokenizer import project_tokenizer
-    from sapo.models.warm import WarmRecipe, parse_warm_ref, train_warm_model, warm_model_dir
+    from sapo.models.bpe import bpe_tokenizer_dir as bpe_tokenizer_dir
+    from sapo.models.bpe import load_bpe_tokenizer as load_bpe_tokenizer
+    from sapo.models.bundled import bundled_model_dir as bundled_model_dir
+    from sapo.models.bundled import bundled_tokenizer_dir as bundled_tokenizer_dir
+    from sapo.models.bundled import load_bundled_tokenizer as load_bundled_tokenizer
+    from sapo.models.cache import cache_root as cache_root
+    from sapo.models.fingerprint import tokenizer_fingerprint as tokenizer_fingerprint
+    from sapo.models.hub import ModelUnavailableError as ModelUnavailableError
+    from sapo.models.hub import require_local as require_local
+    from sapo.models.loading import load_model as load_model
+    from sapo.models.loading import require_loadable as require_loadable
+    from sapo.models.refs import BUNDLED_REF as BUNDLED_REF
+    from sapo.models.refs import PROJECT_REF_KINDS as PROJECT_REF_KINDS
+    from sapo.models.refs import is_project_ref as is_project_ref
+    from sapo.models.refs import ref_kind as ref_kind
+    from sapo.models.tiny import TinySpec as TinySpec
+    from sapo.models.tiny import build_tiny_model as build_tiny_model
+    from sapo.models.tiny import parse_tiny_ref as parse_tiny_ref
+    from sapo.models.tokenizer import project_tokenizer as project_tokenizer
+    from sapo.models.warm import WarmRecipe as WarmRecipe
+    from sapo.models.warm import parse_warm_ref as parse_warm_ref
+    from sapo.models.warm import train_warm_model as train_warm_model
+    from sapo.models.warm import warm_model_dir as warm_model_dir
 else:
-    __getattr__ = lazy_exports(
-        __name__,
-        {
-            "sapo.models.bpe": ("bpe_tokenizer_dir", "load_bpe_tokenizer"),
-            "sapo.models.bundled": ("bundled_model_dir", "bundled_tokenizer_dir", "load_bundled_tokenizer"),
-            "sapo.models.cache": ("cache_root",),
-            "sapo.models.fingerprint": ("tokenizer_fingerprint",),
-            "sapo.models.hub": ("ModelUnavailableError", "require_local"),
-            "sapo.models.loading": ("load_model", "require_loadable"),
-            "sapo.models.refs": ("BUNDLED_REF", "PROJECT_REF_KINDS", "is_project_ref", "ref_kind"),
-            "sapo.models.tiny": ("TinySpec", "build_tiny_model", "parse_tiny_ref"),
-            "sapo.models.tokenizer": ("project_tokenizer",),
-            "sapo.models.warm": ("WarmRecipe", "parse_warm_ref", "train_warm_model", "warm_model_dir"),
-        },
-    )
-
-__all__ = [
-    "BUNDLED_REF",
-    "PROJECT_REF_KINDS",
-    "ModelUnavailableError",
-    "TinySpec",
-    "WarmRecipe",
-    "bpe_tokenizer_dir",
-    "build_tiny_model",
-    "bundled_model_dir",
-    "bundled_tokenizer_dir",
-    "cache_root",
-    "is_project_ref",
-    "load_bpe_tokenizer",
-    "load_bundled_tokenizer",
-    "load_model",
-    "parse_tiny_ref",
-    "parse_warm_ref",
-    "project_tokenizer",
-    "ref_kind",
-    "require_loadable",
-    "require_local",
-    "tokenizer_fingerprint",
-    "train_warm_model",
-    "warm_model_dir",
-]
+    __getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)

@@ -20,51 +20,26 @@ from typing import TYPE_CHECKING
 from sapo.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from sapo.checkpoints import TRAINER_STATE
-    from sapo.trainer.config import OptimConfig, Precision, Schedule, StepConfig
-    from sapo.trainer.contributions import Contribution
-    from sapo.trainer.engine import StepReport, Trainer
-    from sapo.trainer.optim import lr_factor
-    from sapo.trainer.report import step_metrics
-    from sapo.trainer.sequences import BuiltBatch, ExternalLogprobs, Row, RowMode, SequenceBuilder
-    from sapo.trainer.state import LedgerEntry, TrainerState
-    from sapo.trainer.step import MicroBatch, StepStats, plan_micro_batches, train_on_batch
+    from sapo.checkpoints import TRAINER_STATE as TRAINER_STATE
+    from sapo.trainer.config import OptimConfig as OptimConfig
+    from sapo.trainer.config import Precision as Precision
+    from sapo.trainer.config import Schedule as Schedule
+    from sapo.trainer.config import StepConfig as StepConfig
+    from sapo.trainer.contributions import Contribution as Contribution
+    from sapo.trainer.engine import StepReport as StepReport
+    from sapo.trainer.engine import Trainer as Trainer
+    from sapo.trainer.optim import lr_factor as lr_factor
+    from sapo.trainer.report import step_metrics as step_metrics
+    from sapo.trainer.sequences import BuiltBatch as BuiltBatch
+    from sapo.trainer.sequences import ExternalLogprobs as ExternalLogprobs
+    from sapo.trainer.sequences import Row as Row
+    from sapo.trainer.sequences import RowMode as RowMode
+    from sapo.trainer.sequences import SequenceBuilder as SequenceBuilder
+    from sapo.trainer.state import LedgerEntry as LedgerEntry
+    from sapo.trainer.state import TrainerState as TrainerState
+    from sapo.trainer.step import MicroBatch as MicroBatch
+    from sapo.trainer.step import StepStats as StepStats
+    from sapo.trainer.step import plan_micro_batches as plan_micro_batches
+    from sapo.trainer.step import train_on_batch as train_on_batch
 else:
-    __getattr__ = lazy_exports(
-        __name__,
-        {
-            "sapo.checkpoints": ("TRAINER_STATE",),
-            "sapo.trainer.config": ("OptimConfig", "Precision", "Schedule", "StepConfig"),
-            "sapo.trainer.contributions": ("Contribution",),
-            "sapo.trainer.engine": ("StepReport", "Trainer"),
-            "sapo.trainer.optim": ("lr_factor",),
-            "sapo.trainer.report": ("step_metrics",),
-            "sapo.trainer.sequences": ("BuiltBatch", "ExternalLogprobs", "Row", "RowMode", "SequenceBuilder"),
-            "sapo.trainer.state": ("LedgerEntry", "TrainerState"),
-            "sapo.trainer.step": ("MicroBatch", "StepStats", "plan_micro_batches", "train_on_batch"),
-        },
-    )
-
-__all__ = [
-    "TRAINER_STATE",
-    "BuiltBatch",
-    "Contribution",
-    "ExternalLogprobs",
-    "LedgerEntry",
-    "MicroBatch",
-    "OptimConfig",
-    "Precision",
-    "Row",
-    "RowMode",
-    "Schedule",
-    "SequenceBuilder",
-    "StepConfig",
-    "StepReport",
-    "StepStats",
-    "Trainer",
-    "TrainerState",
-    "lr_factor",
-    "plan_micro_batches",
-    "step_metrics",
-    "train_on_batch",
-]
+    __getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)

@@ -58,7 +58,8 @@ def test_the_sampler_service_loads_neither_torch_nor_transformers() -> None:
 def test_the_generator_and_trainer_settings_load_neither_torch_nor_transformers() -> None:
     """Their settings are checked before the service is imported: bad ones must fail without the seconds
     torch and transformers take to import (the packages' heavy names load on first use, `sapo.lazy`)."""
-    modules = "sapo.generator.settings, sapo.trainer.settings, services.generator.main, services.trainer.main"
+    settings = ("sapo.generator.settings", "sapo.trainer.settings", "sapo.models.settings")
+    modules = ", ".join([*settings, "services.generator.main", "services.trainer.main"])
     probe = f"import sys, {modules}; print(sorted({{'torch', 'transformers'}} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
