@@ -6,7 +6,7 @@ A package writes each name once, as a real import under `if TYPE_CHECKING:` in t
 mypy sees, an explicit re-export; the import graph sees the edge), and ends that block with
 
     else:
-        __getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)
+        __getattr__, __dir__, __all__ = lazy_exports(__name__)
 
 `lazy_exports` reads those imports from the package's source with `ast`, so each name is written in one
 place. `dir(package)` lists them with the package's own attributes; `from package import *` imports them
@@ -21,7 +21,6 @@ import importlib
 import importlib.util
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 
 def exports(package: str, source: str) -> dict[str, str]:
@@ -41,13 +40,10 @@ def exports(package: str, source: str) -> dict[str, str]:
     return home
 
 
-def lazy_exports(
-    package: str, path: str
-) -> tuple[Callable[[str], object], Callable[[], list[str]], list[str]]:
-    """The module `__getattr__`, `__dir__` and `__all__` of `package`, whose `__init__` is at `path`: each
-    name imported under its `if TYPE_CHECKING:`, whose module is imported on first use and the value kept
-    in the package."""
-    home = exports(package, Path(path).read_text())
+def lazy_exports(package: str) -> tuple[Callable[[str], object], Callable[[], list[str]], list[str]]:
+    """The module `__getattr__`, `__dir__` and `__all__` of `package`: each name imported under its
+    `if TYPE_CHECKING:`, whose module is imported on first use and the value kept in the package."""
+    home = exports(package, _source(package))
     namespace = sys.modules[package].__dict__
 
     def attribute(name: str) -> object:
@@ -62,3 +58,13 @@ def lazy_exports(
         return sorted(namespace.keys() | home.keys())
 
     return attribute, listing, sorted(home)
+
+
+def _source(package: str) -> str:
+    """The package's `__init__` source, from its loader (a file, or a zip archive's member)."""
+    spec = sys.modules[package].__spec__
+    get_source = getattr(spec.loader, "get_source", None) if spec is not None else None  # zipimport's too
+    source = get_source(package) if get_source is not None else None
+    if not isinstance(source, str):
+        raise ImportError(f"{package}: its source is needed for its lazy exports, and its loader has none")
+    return source

@@ -37,4 +37,4 @@ if TYPE_CHECKING:
     from sapo.generator.work import plan_rounds as plan_rounds
     from sapo.generator.work import round_items as round_items
 else:
-    __getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)
+    __getattr__, __dir__, __all__ = lazy_exports(__name__)

@@ -39,4 +39,4 @@ if TYPE_CHECKING:
     from sapo.models.warm import train_warm_model as train_warm_model
     from sapo.models.warm import warm_model_dir as warm_model_dir
 else:
-    __getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)
+    __getattr__, __dir__, __all__ = lazy_exports(__name__)

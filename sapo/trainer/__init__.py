@@ -42,4 +42,4 @@ if TYPE_CHECKING:
     from sapo.trainer.step import plan_micro_batches as plan_micro_batches
     from sapo.trainer.step import train_on_batch as train_on_batch
 else:
-    __getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)
+    __getattr__, __dir__, __all__ = lazy_exports(__name__)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import sys
 import types
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
     from lazyprobe.heavy import value as value
     from .heavy import {typo} as {typo}
 else:
-    __getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)
+    __getattr__, __dir__, __all__ = lazy_exports(__name__)
 """
 
 
@@ -80,6 +81,19 @@ def test_a_name_is_imported_on_first_use_and_one_that_does_not_resolve_is_caught
     with pytest.raises(AttributeError, match="valeu"):
         _ = package.valeu
     assert unresolved(package) == ["valeu"]
+
+
+def test_a_zipped_package_loads_its_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    archive = tmp_path / "probe.zip"
+    with zipfile.ZipFile(archive, "w") as zipped:
+        zipped.writestr("lazyprobe/__init__.py", PACKAGE.format(typo="value"))
+        zipped.writestr("lazyprobe/heavy.py", "value = 1\n")
+    monkeypatch.syspath_prepend(str(archive))
+    try:
+        assert importlib.import_module("lazyprobe").value == 1
+    finally:
+        for name in ("lazyprobe", "lazyprobe.heavy"):
+            sys.modules.pop(name, None)
 
 
 @pytest.mark.parametrize(
