@@ -25,7 +25,7 @@ from types import FrameType
 from confluent_kafka import KafkaError, KafkaException
 
 from sapo.broker import DEFAULT_HOST, STORAGE_URL, BrokerError, EmbeddedBroker
-from sapo.cliargs import bootstrap_servers, positive_int, positive_seconds
+from sapo.cliargs import bootstrap_servers, check_brokers, positive_int, positive_seconds
 from sapo.clientlog import LIBRDKAFKA_LOG
 from sapo.conformance import cli as conformance_cli
 from sapo.experiment.shipped import scenario_names
@@ -196,6 +196,11 @@ def _run_swarm(args: argparse.Namespace) -> int:
     from sapo.swarm.run import run_local
 
     manifest = load_manifest(args.manifest)
+    if manifest.bootstrap is not None and not args.in_process:
+        try:  # before any service starts: each would wait out its timeouts on a name that never resolves
+            check_brokers(manifest.bootstrap)
+        except ValueError as exc:
+            raise ConfigError(f"bootstrap of swarm manifest {args.manifest}: {exc}") from None
     run_dir = (args.run_dir or Path("runs") / f"{manifest.name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     return run_local(manifest, run_dir, in_process=args.in_process)
 

@@ -31,6 +31,7 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from sapo.cliargs import broker_addresses, check_brokers
 from sapo.cpuslice import DEFAULT_SLICE_MS, MAX_SLICE_MS
 from sapo.identity.settings import IdentitySettings
 from sapo.topics import DEFAULT_MAX_MESSAGE_BYTES, NODE_ID_PATTERN
@@ -40,6 +41,10 @@ log = logging.getLogger(__name__)
 
 class ConfigError(SystemExit):
     """Raised at start when configuration is invalid; the message says what to set."""
+
+
+BROKER_LIST_PROPERTIES: Final = frozenset({"bootstrap.servers", "metadata.broker.list"})
+"""The librdkafka properties that name the brokers (the second is the first's alias)."""
 
 
 class SecurityProtocol(StrEnum):
@@ -55,7 +60,9 @@ class KafkaConnection(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     bootstrap_servers: str = Field(
-        "127.0.0.1:9092", min_length=1, description="Comma-separated host:port list of the brokers."
+        "127.0.0.1:9092",
+        description="Comma-separated host:port list of the brokers (its form is checked at start; a name "
+        "need not resolve yet).",
     )
     security_protocol: SecurityProtocol = Field(SecurityProtocol.PLAINTEXT, description="Transport security.")
     sasl_mechanism: str | None = Field(
@@ -72,6 +79,28 @@ class KafkaConnection(BaseModel):
         default_factory=dict, description="Additional librdkafka properties, passed through unchanged."
     )
 
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _broker_list(cls, value: str) -> str:
+        """The form of the list only (`sapo.cliargs.broker_addresses`), never a name lookup: a service
+        must start while its brokers' names do not resolve yet (a cluster's DNS still starting). A
+        malformed list would fail only as a transport error that never ends (librdkafka takes port
+        99999 as 34463, and drops a broker it cannot parse)."""
+        broker_addresses(value)
+        return value
+
+    @field_validator("extra")
+    @classmethod
+    def _no_second_broker_list(cls, value: dict[str, str]) -> dict[str, str]:
+        """`extra` may not name the brokers: they are `bootstrap_servers`, which is checked."""
+        named = sorted(BROKER_LIST_PROPERTIES & set(value))
+        if named:
+            raise ValueError(
+                f"{named[0]} is the brokers: set KAFKA__BOOTSTRAP_SERVERS (a command's --bootstrap), "
+                "not an extra property"
+            )
+        return value
+
     @model_validator(mode="after")
     def _check_security(self) -> Self:
         uses_sasl = self.security_protocol in (SecurityProtocol.SASL_PLAINTEXT, SecurityProtocol.SASL_SSL)
@@ -85,6 +114,14 @@ class KafkaConnection(BaseModel):
             raise ValueError(
                 f"sasl_mechanism={self.sasl_mechanism} needs KAFKA__SASL_USERNAME and KAFKA__SASL_PASSWORD"
             )
+        protocol = self.security_protocol.value
+        for address in broker_addresses(self.bootstrap_servers):
+            if address.scheme is not None and address.scheme != protocol:
+                raise ValueError(
+                    f"KAFKA__BOOTSTRAP_SERVERS names the scheme {address.scheme}:// but security_protocol "
+                    f"is {protocol}: the Kafka client drops such a broker; set KAFKA__SECURITY_PROTOCOL="
+                    f"{address.scheme}, or leave the scheme out"
+                )
         return self
 
     def to_librdkafka(self) -> dict[str, str]:
@@ -426,6 +463,40 @@ def load_settings(cls: type[S], flags: Mapping[str, str] | None = None, /, **ove
             hint = _COLLECTION_HINTS.get(err["type"], "") if isinstance(err.get("input"), str) else ""
             lines.append(f"  {where}: {err['msg']} ({_shown_input(cls, err['loc'], err.get('input'))}){hint}")
         raise ConfigError("\n".join(lines)) from None
+
+
+def check_command_brokers(settings: BaseSettings, flags: Mapping[str, str] | None = None, /) -> None:
+    """For a command, never a service: every host of each Kafka connection of `settings` resolves now
+    (`sapo.cliargs.check_brokers`, the rule of its `--bootstrap` flag), whichever source gave the list;
+    else `ConfigError` naming that source: the flag (`flags`, as for `load_settings`), the environment
+    variable by its exact name, or the default. A command uses its brokers at once, and librdkafka reports
+    an unknown host only as a generic transport failure after the command's whole timeout; a service
+    waits for names that resolve later (the form alone is checked at load, `KafkaConnection`)."""
+    cls = type(settings)
+    for name in cls.model_fields:
+        connection = getattr(settings, name)
+        if not isinstance(connection, KafkaConnection):
+            continue
+        try:
+            check_brokers(connection.bootstrap_servers)
+        except ValueError as exc:
+            loc = (name, "bootstrap_servers")
+            where = (flags or {}).get(".".join(loc)) or env_source(cls, loc, os.environ)
+            if where is None:
+                where = f"{env_prefix(cls)}{'__'.join(loc).upper()} (unset: the default)"
+            raise ConfigError(f"{where}: {exc}") from None
+
+
+def env_source(cls: type[BaseSettings], loc: tuple[str, ...], environ: Mapping[str, str]) -> str | None:
+    """The environment variable, by its exact name, that gave the field at `loc` of `cls` (`kafka`,
+    `bootstrap_servers`): its own (`SAPO_X_KAFKA__BOOTSTRAP_SERVERS`, any case, as pydantic-settings
+    reads it) or else the enclosing model's, which holds JSON (`SAPO_X_KAFKA`); None when none did."""
+    names = {name.upper(): name for name in environ}
+    for depth in range(len(loc), 0, -1):
+        name = names.get(env_prefix(cls).upper() + "__".join(loc[:depth]).upper())
+        if name is not None:
+            return name
+    return None
 
 
 _COLLECTION_HINTS: Final = {

@@ -19,7 +19,7 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -29,9 +29,9 @@ from sapo.conformance.common import GeneratorTarget, Target
 from sapo.conformance.results import Results
 from sapo.identity import IdentityError, TrustStore
 from sapo.identity.trustlist import build_store, load_trust_list
-from sapo.inspect.cli import add_connection_arguments, kafka_overrides
+from sapo.inspect.cli import add_connection_arguments, load_connection_settings
 from sapo.inspect.render import console_for
-from sapo.settings import ConfigError, KafkaConnection, load_settings
+from sapo.settings import ConfigError, KafkaConnection
 from sapo.topics import validate_node_id
 
 log = logging.getLogger("sapo.cli")
@@ -104,9 +104,8 @@ _FLAGS: Final = {
 def settings_from(args: argparse.Namespace) -> ConformanceSettings:
     """Environment first, flags over it; a bad value is named by the flag when a flag gave it."""
     given = {field: flag for field, (dest, flag) in _FLAGS.items() if getattr(args, dest) is not None}
-    overrides: dict[str, Any] = {"kafka": kafka_overrides(args)}
-    overrides |= {field: getattr(args, _FLAGS[field][0]) for field in given}
-    return load_settings(ConformanceSettings, given, **overrides)
+    overrides = {field: getattr(args, _FLAGS[field][0]) for field in given}
+    return load_connection_settings(ConformanceSettings, args, given, **overrides)
 
 
 def _trust(path: Path | None) -> TrustStore | None:

@@ -23,10 +23,12 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
+
+from pydantic_settings import BaseSettings
 
 from sapo.cliargs import bootstrap_servers, positive_int, positive_seconds
 from sapo.inspect.decode import to_entry
@@ -36,10 +38,11 @@ from sapo.inspect.render import JsonLines, SummaryView, TableRows, console_for
 from sapo.inspect.settings import InspectSettings
 from sapo.kafka import TransportError
 from sapo.lifecycle import StopFlag, install_signal_handlers
-from sapo.settings import ConfigError, SecurityProtocol, load_settings
+from sapo.settings import ConfigError, SecurityProtocol, check_command_brokers, load_settings
 from sapo.topics import NODE_ID_RE, validate_node_id, validate_topic_name
 
 log = logging.getLogger("sapo.cli")
+S = TypeVar("S", bound=BaseSettings)
 
 NODE_ROLES: Final = ("rollouts", "batches", "policy", "dlq", "work", "leases")
 _DURATION_RE: Final = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
@@ -148,23 +151,55 @@ def add_connection_arguments(parser: argparse.ArgumentParser, env: str) -> argpa
     return conn
 
 
+_CONNECTION_FLAGS: Final = {
+    "bootstrap_servers": ("bootstrap", "--bootstrap"),
+    "security_protocol": ("security_protocol", "--security-protocol"),
+    "sasl_mechanism": ("sasl_mechanism", "--sasl-mechanism"),
+    "sasl_username": ("sasl_username", "--sasl-username"),
+    "sasl_password": ("sasl_password_file", "--sasl-password-file"),
+    "ssl_ca_location": ("ssl_ca_location", "--ssl-ca-location"),
+    "ssl_certificate_location": ("ssl_certificate_location", "--ssl-certificate-location"),
+    "ssl_key_location": ("ssl_key_location", "--ssl-key-location"),
+    "ssl_key_password": ("ssl_key_password_file", "--ssl-key-password-file"),
+    "extra": ("properties", "-X"),
+}
+"""The `KafkaConnection` fields the connection flags set: field -> (argparse dest, flag)."""
+
+
+def _flags_given(args: argparse.Namespace) -> dict[str, tuple[Any, str]]:
+    """field -> (value, flag) of each connection flag given (-X: once or more)."""
+    flags = {field: (getattr(args, dest), flag) for field, (dest, flag) in _CONNECTION_FLAGS.items()}
+    return {field: pair for field, pair in flags.items() if pair[0] is not None and pair[0] != []}
+
+
 def kafka_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The `KafkaConnection` fields the connection flags set (secrets read from their files)."""
-    kafka: dict[str, Any] = {
-        "bootstrap_servers": args.bootstrap,
-        "security_protocol": args.security_protocol,
-        "sasl_mechanism": args.sasl_mechanism,
-        "sasl_username": args.sasl_username,
-        "sasl_password": _read_secret(args.sasl_password_file, "--sasl-password-file"),
-        "ssl_ca_location": args.ssl_ca_location,
-        "ssl_certificate_location": args.ssl_certificate_location,
-        "ssl_key_location": args.ssl_key_location,
-        "ssl_key_password": _read_secret(args.ssl_key_password_file, "--ssl-key-password-file"),
-    }
-    overrides = {k: v for k, v in kafka.items() if v is not None}
-    if args.properties:
-        overrides["extra"] = dict(args.properties)
+    overrides: dict[str, Any] = {}
+    for field, (value, flag) in _flags_given(args).items():
+        if field in ("sasl_password", "ssl_key_password"):
+            overrides[field] = _read_secret(value, flag)
+        else:
+            overrides[field] = dict(value) if field == "extra" else value
     return overrides
+
+
+def kafka_flags(args: argparse.Namespace) -> dict[str, str]:
+    """The flag that gave each `KafkaConnection` field the flags set (`kafka.bootstrap_servers` ->
+    `--bootstrap`), for `load_settings` and `check_command_brokers` to name it."""
+    return {f"kafka.{field}": flag for field, (_, flag) in _flags_given(args).items()}
+
+
+def load_connection_settings(
+    cls: type[S], args: argparse.Namespace, given: Mapping[str, str], /, **overrides: Any
+) -> S:
+    """`load_settings` of a command's settings with the connection flags over the environment, then the
+    brokers it will use checked as `--bootstrap` checks its value (`check_command_brokers`), whether the
+    flag or the environment gave them: before any Kafka client starts. `given` names the other fields
+    a flag gave."""
+    flags = kafka_flags(args) | dict(given)
+    settings = load_settings(cls, flags, kafka=kafka_overrides(args), **overrides)
+    check_command_brokers(settings, flags)
+    return settings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -212,13 +247,13 @@ def _read_secret(path: Path | None, flag: str) -> str | None:
 def settings_from(args: argparse.Namespace) -> InspectSettings:
     """Environment first, flags over it; exits with what to set when the result is invalid (a bad value
     is named by the flag when a flag gave it)."""
-    overrides: dict[str, Any] = {"kafka": kafka_overrides(args)}
+    overrides: dict[str, Any] = {}
     given: dict[str, str] = {}
     if args.prefix is not None:
         overrides["topic_prefix"], given["topic_prefix"] = args.prefix, "--prefix"
     if args.idle is not None:
         overrides["idle_s"], given["idle_s"] = args.idle, "--idle"
-    return load_settings(InspectSettings, given, **overrides)
+    return load_connection_settings(InspectSettings, args, given, **overrides)
 
 
 def _start(args: argparse.Namespace) -> Start:

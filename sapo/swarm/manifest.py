@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from sapo.cliargs import broker_addresses
 from sapo.generator.settings import GeneratorSettings
 from sapo.generator.work import PacingMode
 from sapo.sampler.assembler import RoundMode
@@ -124,6 +125,15 @@ class SwarmManifest(BaseModel):
     )
     topic_prefix: str = Field("sapo", description="Prefix of every topic name.")
     nodes: tuple[NodeSpec, ...] = Field(..., min_length=1, description="The nodes.")
+
+    @field_validator("bootstrap")
+    @classmethod
+    def _broker_list(cls, value: str | None) -> str | None:
+        """The form of a broker list, as the services check theirs (`sapo swarm` looks the names up
+        before it starts anything)."""
+        if value is not None:
+            broker_addresses(value)
+        return value
 
     @model_validator(mode="after")
     def _unique_ids(self) -> SwarmManifest:

@@ -8,6 +8,7 @@ Monitoring objects and Strimzi topics are in test_monitoring.py; helpers in helm
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from sapo.cliargs import broker_addresses
 from sapo.swarm.manifest import SETTINGS, Service
 from tests.deploy.helm import (
     CHART,
@@ -409,6 +411,10 @@ def test_rendered_env_is_accepted_by_the_service_settings(
         ("sampler.replicas=2", "replicas"),  # so is the sampler
         ("checkpoints.url=bucket/prefix", "url"),  # a URL names its scheme
         ("kafka.bootstrapServer=x:9092", "bootstrapServer"),
+        # A broker list the services refuse at start (sapo.cliargs.broker_addresses).
+        ("kafka.bootstrapServers=kafka:99999", "bootstrapServers"),
+        ("kafka.bootstrapServers=http://kafka:9092", "bootstrapServers"),
+        ("swarmKafka.bootstrapServers=swarm:0", "bootstrapServers"),
         ("serviceMonitor.enable=true", "enable"),
         ("kafka.securityProtocol=SASL", "securityProtocol"),
         ("nodeId=Node_0", "nodeId"),
@@ -431,6 +437,37 @@ def test_schema_rejects(override: str, complaint: str) -> None:
     """values.schema.json catches typos and values the services would refuse, at install time."""
     error = template_error(override)
     assert re.search(complaint, error), error
+
+
+BROKER_LISTS = (
+    "kafka:9092",
+    "a.b-c_d.svc.cluster.local:1,10.0.0.1:65535,[::1]:9093",
+    "SASL_SSL://lab-kafka-bootstrap.kafka:9093",
+    "kafka:99999",
+    "kafka:65536",
+    "kafka:0",
+    "http://kafka:9092",
+    "kafka:9092/",
+    "b\u00fccher.example:9092",
+    "[kafka]:9092",
+    "kafka:9092,",
+    "kafka:9092,,x:1",
+    "kafka",  # the services take port 9092; the chart wants it named
+    "kafka:09092",  # so do they 9092; the chart wants no leading zero
+)
+
+
+@pytest.mark.parametrize("field", ["kafka", "swarmKafka"])
+def test_the_schema_takes_no_broker_list_the_services_refuse(field: str) -> None:
+    """The chart's pattern (hand-written: the connections are the chart's own values, not generated
+    settings) is the services' rule or stricter, so a list they would refuse at start, naming
+    KAFKA__BOOTSTRAP_SERVERS in a crash loop, fails `helm install` instead."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    pattern = re.compile(schema["properties"][field]["properties"]["bootstrapServers"]["pattern"])
+    taken = [value for value in BROKER_LISTS if pattern.search(value)]
+    for value in taken:
+        broker_addresses(value)  # raises for a list the services refuse
+    assert taken == list(BROKER_LISTS[:3])
 
 
 def test_settings_at_their_bounds_or_given_as_text_install(tmp_path: Path) -> None:

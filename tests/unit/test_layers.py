@@ -84,3 +84,37 @@ def test_a_service_with_bad_settings_exits_saying_what_to_set_before_loading_tor
     assert out.returncode == 1, out.stderr
     assert f"  {prefix}{field}: Input should be greater" in out.stderr
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("service", "value", "reason"),
+    [
+        ("sampler", "localhost:99999", "the port '99999' is not a number from 1 to 65535"),
+        ("sampler", "", "it names no broker"),
+        ("generator", "broker:", "the port '' is not a number from 1 to 65535"),
+        ("trainer", "kafka://broker:9092", "the scheme kafka:// is none of"),
+    ],
+)
+def test_a_service_with_a_malformed_broker_list_exits_naming_its_variable(
+    service: str, value: str, reason: str
+) -> None:
+    """At start, before the ops server, any client or torch: librdkafka would take port 99999 as 34463
+    and retry forever. (A name that does not resolve yet is no error for a service.)"""
+    prefix = f"SAPO_{service.upper()}_"
+    variable = f"{prefix}KAFKA__BOOTSTRAP_SERVERS"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(prefix)}
+    env |= {f"{prefix}NODE_ID": "node-a", variable: value}
+    out = subprocess.run(
+        [sys.executable, "-m", f"services.{service}.main"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert out.returncode == 1, out.stderr
+    lines = out.stderr.splitlines()
+    assert lines[0] == f"invalid configuration for {service.capitalize()}Settings:", out.stderr
+    assert lines[1].startswith(f"  {variable}: Value error, must name the brokers as HOST:PORT"), out.stderr
+    assert reason in lines[1] and lines[1].endswith(f"(got {value!r})")

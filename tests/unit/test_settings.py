@@ -157,3 +157,59 @@ def test_field_bounds_are_the_declared_ones() -> None:
     assert field_bounds(fields["local_groups"]) == {"ge": 0, "le": 256}
     assert field_bounds(fields["lockstep_timeout_s"]) == {"gt": 0, "le": 86_400}
     assert field_bounds(fields["node_id"]) == {}
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "reason"),
+    [
+        ("SAPO_DEMO_KAFKA__BOOTSTRAP_SERVERS", "localhost:99999", "the port '99999' is not a number from 1"),
+        ("SAPO_DEMO_KAFKA__BOOTSTRAP_SERVERS", "", "it names no broker"),
+        ("SAPO_DEMO_KAFKA__BOOTSTRAP_SERVERS", ",", "it names no broker"),
+        ("SAPO_DEMO_SWARM_KAFKA__BOOTSTRAP_SERVERS", "swarm:0", "the port '0' is not a number from 1"),
+        ("SAPO_DEMO_SWARM_KAFKA__BOOTSTRAP_SERVERS", "http://swarm:9092", "the scheme http:// is none of"),
+    ],
+)
+def test_a_broker_list_of_the_wrong_form_fails_the_start_naming_its_variable(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, reason: str
+) -> None:
+    """librdkafka would take port 99999 as 34463, and drop what it cannot parse: a transport failure
+    that never ends instead of one line at start."""
+    monkeypatch.setenv("SAPO_DEMO_NODE_ID", "n")
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as error:
+        load_settings(DemoSettings)
+    lines = str(error.value).splitlines()
+    assert lines[0] == "invalid configuration for DemoSettings:"
+    assert lines[1].startswith(f"  {variable}: Value error, must name the brokers as HOST:PORT")
+    assert reason in lines[1] and lines[1].endswith(f"(got {value!r})")
+
+
+def test_a_service_takes_broker_names_that_do_not_resolve_yet(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the form is checked at start: a cluster's DNS may answer later (a command looks its names
+    up before it connects, `check_command_brokers`)."""
+    monkeypatch.setenv("SAPO_DEMO_NODE_ID", "n")
+    monkeypatch.setenv("SAPO_DEMO_KAFKA__BOOTSTRAP_SERVERS", "kafka-0.not-yet.invalid:9092,[::1]:9093")
+    monkeypatch.setenv("SAPO_DEMO_SWARM_KAFKA__BOOTSTRAP_SERVERS", "SASL_SSL://swarm.not-yet.invalid:9093")
+    monkeypatch.setenv("SAPO_DEMO_SWARM_KAFKA__SECURITY_PROTOCOL", "SASL_SSL")
+    monkeypatch.setenv("SAPO_DEMO_SWARM_KAFKA__SASL_MECHANISM", "OAUTHBEARER")
+    settings = load_settings(DemoSettings)
+    assert settings.kafka.bootstrap_servers == "kafka-0.not-yet.invalid:9092,[::1]:9093"
+    assert (
+        settings.swarm_connection.to_librdkafka()["bootstrap.servers"]
+        == "SASL_SSL://swarm.not-yet.invalid:9093"
+    )
+
+
+def test_the_brokers_are_named_by_bootstrap_servers_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scheme librdkafka drops (not the security protocol), or brokers in `extra` that no check sees."""
+    monkeypatch.setenv("SAPO_DEMO_NODE_ID", "n")
+    monkeypatch.setenv("SAPO_DEMO_KAFKA__BOOTSTRAP_SERVERS", "SSL://b:9093")
+    mismatch = "SAPO_DEMO_KAFKA: Value error, KAFKA__BOOTSTRAP_SERVERS names the scheme SSL:// but "
+    with pytest.raises(ConfigError, match=mismatch + "security_protocol is PLAINTEXT"):
+        load_settings(DemoSettings)
+    monkeypatch.setenv("SAPO_DEMO_KAFKA__BOOTSTRAP_SERVERS", "ssl://b:9093")  # either case, as librdkafka
+    monkeypatch.setenv("SAPO_DEMO_KAFKA__SECURITY_PROTOCOL", "SSL")
+    assert load_settings(DemoSettings).kafka.bootstrap_servers == "ssl://b:9093"
+    monkeypatch.setenv("SAPO_DEMO_KAFKA__EXTRA", '{"bootstrap.servers": "other:9092"}')
+    with pytest.raises(ConfigError, match=r"SAPO_DEMO_KAFKA__EXTRA: Value error, bootstrap\.servers is the"):
+        load_settings(DemoSettings)

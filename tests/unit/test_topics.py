@@ -1,13 +1,21 @@
-"""Topic naming and validation: no broker needed."""
+"""Topic naming and validation, and the broker lists of the commands: no broker needed."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
+from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
 from sapo.cli import main
-from sapo.cliargs import bootstrap_servers
+from sapo.cliargs import BROKER_SCHEMES, BrokerAddress, bootstrap_servers, broker_addresses
+from sapo.conformance import cli as conformance_cli
+from sapo.inspect import cli as inspect_cli
+from sapo.inspect.reader import InspectError
+from sapo.settings import SecurityProtocol
 from sapo.topics import (
     DEFAULT_MAX_MESSAGE_BYTES,
     WORK_PARTITIONS,
@@ -159,5 +167,182 @@ def test_a_bootstrap_list_in_any_form_librdkafka_takes_is_accepted() -> None:
         "[::1]",
         "::1",
         "localhost:9092,",
+        "plaintext://localhost:9092",
+        "[fe80::1]:9092",
     ):
         assert bootstrap_servers(value) == value
+    assert broker_addresses("kafka-0.kafka_headless.ns.svc.cluster.local.:9092")  # the form only
+    assert broker_addresses("SSL://[::1]:9093, localhost,") == (
+        BrokerAddress("SSL", "::1", 9093),
+        BrokerAddress(None, "localhost", 9092),
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        ("h:0", "the port '0' is not a number from 1 to 65535"),
+        ("a:1,b:65536", "the port '65536' of 'b:65536' is not a number from 1 to 65535"),
+        (
+            "h:\uff19\uff10\uff19\uff12",
+            "is not a number",
+        ),  # full-width digits: int() reads them, librdkafka not
+        ("h:9092/", "is not a number"),
+        ("http://h:9092", "the scheme http:// is none of PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL"),
+        ("://h:9092", "the scheme :// is none of"),
+        ("[h]:9092", "'h' in brackets is not an IPv6 address"),
+        ("[::1", "is neither [IPv6] nor [IPv6]:PORT"),
+        ("[::1]9092", "is neither [IPv6] nor [IPv6]:PORT"),
+        ("a:b:c", "is neither HOST:PORT nor an IPv6 address"),
+        (":9092", "'' is not a host name"),
+        ("a b:9092", "'a b' is not a host name"),
+        (
+            "b\u00fccher.example:9092",
+            "is not a host name (ASCII letters",
+        ),  # Python would encode it, librdkafka not
+        ("a..b:9092", "is not a host name"),
+        ("x" * 64 + ".example:9092", "is not a host name"),
+    ],
+)
+def test_a_broker_list_librdkafka_would_misread_or_drop_is_refused_by_its_form(
+    value: str, reason: str
+) -> None:
+    with pytest.raises(ValueError, match="must name the brokers as HOST:PORT") as error:
+        broker_addresses(value)
+    assert f"{value!r} is not: " in str(error.value) and reason in str(error.value)
+
+
+def test_the_schemes_a_broker_list_may_name_are_the_security_protocols() -> None:
+    assert set(BROKER_SCHEMES) == {protocol.value for protocol in SecurityProtocol}
+
+
+ENV_COMMANDS = [
+    (["inspect", "swarm"], "SAPO_INSPECT_KAFKA__BOOTSTRAP_SERVERS"),
+    (["conformance", "sampler", "--node", "node-0"], "SAPO_CONFORMANCE_KAFKA__BOOTSTRAP_SERVERS"),
+]
+
+
+@pytest.fixture
+def no_kafka_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A command that gets as far as starting its Kafka client fails the test."""
+
+    def started(*args: object, **kwargs: object) -> NoReturn:
+        raise AssertionError("the command started a Kafka client")
+
+    monkeypatch.setattr(inspect_cli, "TopicReader", started)
+    monkeypatch.setattr(conformance_cli, "run_kit", started)
+
+
+def error_lines(caplog: pytest.LogCaptureFixture) -> str:
+    return "\n".join(r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR)
+
+
+@pytest.mark.usefixtures("no_kafka_client")
+@pytest.mark.parametrize(("command", "variable"), ENV_COMMANDS)
+@pytest.mark.parametrize(
+    ("bootstrap", "message"),
+    [
+        (
+            "no-such-host.invalid:9092",
+            "could not resolve host 'no-such-host.invalid' of 'no-such-host.invalid:9092'",
+        ),
+        ("no-such-host.invalid", "could not resolve host 'no-such-host.invalid'"),  # port 9092
+        ("localhost:9092,no-such-host.invalid:9092", "could not resolve host 'no-such-host.invalid'"),
+        ("", "must name the brokers as HOST:PORT"),
+        (" , ", "it names no broker"),
+        ("broker:", "the port '' is not a number from 1 to 65535"),
+        ("localhost:99999", "the port '99999' is not a number from 1 to 65535"),
+        ("http://localhost:9092", "the scheme http:// is none of"),
+    ],
+)
+def test_brokers_from_the_environment_are_checked_as_the_flag_checks_them(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    *,
+    command: list[str],
+    variable: str,
+    bootstrap: str,
+    message: str,
+) -> None:
+    """Usage errors naming the variable, before any Kafka client starts (librdkafka would wait out the
+    command's whole timeout and report a generic transport failure)."""
+    monkeypatch.setenv(variable, bootstrap)
+    assert main(command) == 2
+    error = error_lines(caplog)
+    assert f"{variable}: " in error and message in error, error
+
+
+@pytest.mark.usefixtures("no_kafka_client")
+@pytest.mark.parametrize(("command", "variable"), ENV_COMMANDS)
+def test_the_variable_is_named_as_it_was_spelled(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, command: list[str], variable: str
+) -> None:
+    monkeypatch.setenv(variable.lower(), "no-such-host.invalid:9092")  # pydantic-settings reads any case
+    assert main(command) == 2
+    assert error_lines(caplog).startswith(
+        f"{variable.lower()}: could not resolve host 'no-such-host.invalid'"
+    )
+    caplog.clear()
+    monkeypatch.delenv(variable.lower())
+    connection = variable.removesuffix("__BOOTSTRAP_SERVERS")  # the whole connection as JSON
+    monkeypatch.setenv(connection, json.dumps({"bootstrap_servers": "no-such-host.invalid:9092"}))
+    assert main(command) == 2
+    assert error_lines(caplog).startswith(f"{connection}: could not resolve host 'no-such-host.invalid'")
+
+
+@pytest.mark.parametrize(("command", "variable"), ENV_COMMANDS)
+def test_the_flag_overrides_a_bad_variable(
+    monkeypatch: pytest.MonkeyPatch, command: list[str], variable: str
+) -> None:
+    reached: list[str] = []
+
+    def unreachable(config: object, *args: object, **kwargs: object) -> NoReturn:
+        reached.append("client")
+        raise InspectError("no broker")
+
+    monkeypatch.setattr(inspect_cli, "TopicReader", unreachable)
+    monkeypatch.setattr(conformance_cli, "run_kit", unreachable)
+    monkeypatch.setenv(variable, "no-such-host.invalid:9092")
+    assert main([*command, "--bootstrap", "127.0.0.1:1"]) == 1
+    assert reached == ["client"]
+
+
+@pytest.mark.usefixtures("no_kafka_client")
+@pytest.mark.parametrize(("command", "variable"), ENV_COMMANDS)
+def test_no_extra_property_names_other_brokers(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, command: list[str], variable: str
+) -> None:
+    """`-X bootstrap.servers=...` (or its alias) would bypass the check: the flags and variables that
+    name the brokers are the only way."""
+    assert main([*command, "-X", "metadata.broker.list=no-such-host.invalid:9092"]) == 2
+    assert "  -X: Value error, metadata.broker.list is the brokers" in error_lines(caplog)
+    caplog.clear()
+    extra = variable.replace("BOOTSTRAP_SERVERS", "EXTRA")
+    monkeypatch.setenv(extra, json.dumps({"bootstrap.servers": "no-such-host.invalid:9092"}))
+    assert main(command) == 2
+    assert f"  {extra}: Value error, bootstrap.servers is the brokers" in error_lines(caplog)
+
+
+@pytest.mark.usefixtures("no_kafka_client")
+@pytest.mark.parametrize(("command", "variable"), ENV_COMMANDS)
+def test_a_scheme_other_than_the_security_protocol_is_refused(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, command: list[str], variable: str
+) -> None:
+    """librdkafka drops such a broker and then reports only a transport failure."""
+    monkeypatch.setenv(variable, "SSL://localhost:9093")
+    assert main(command) == 2
+    assert "names the scheme SSL:// but security_protocol is PLAINTEXT" in error_lines(caplog)
+
+
+def test_a_swarm_on_brokers_that_do_not_resolve_starts_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    manifest = tmp_path / "swarm.yaml"
+    manifest.write_text("bootstrap: no-such-host.invalid:9092\nnodes: [{id: a, rounds: 1}]\n")
+    assert main(["swarm", "--manifest", str(manifest), "--run-dir", str(tmp_path / "run")]) == 2
+    assert f"bootstrap of swarm manifest {manifest}: could not resolve host" in error_lines(caplog)
+    assert not (tmp_path / "run").exists()
+    caplog.clear()
+    manifest.write_text("bootstrap: 'localhost:99999'\nnodes: [{id: a, rounds: 1}]\n")
+    assert main(["swarm", "--manifest", str(manifest), "--run-dir", str(tmp_path / "run")]) == 2
+    assert "  bootstrap: Value error, must name the brokers" in error_lines(caplog)

@@ -93,7 +93,7 @@ def args(*argv: str) -> argparse.Namespace:
 def test_flags_override_the_environment_and_secrets_come_from_env_or_files(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setenv("SAPO_INSPECT_KAFKA__BOOTSTRAP_SERVERS", "env-host:9092")
+    monkeypatch.setenv("SAPO_INSPECT_KAFKA__BOOTSTRAP_SERVERS", "127.0.0.2:9092")  # checked: it resolves
     monkeypatch.setenv("SAPO_INSPECT_KAFKA__SASL_USERNAME", "env-user")
     monkeypatch.setenv("SAPO_INSPECT_KAFKA__SASL_PASSWORD", "from-env")
     monkeypatch.setenv("SAPO_INSPECT_TOPIC_PREFIX", "team")
@@ -107,7 +107,7 @@ def test_flags_override_the_environment_and_secrets_come_from_env_or_files(
     ]
     settings = settings_from(args(*flags, "-X", "socket.timeout.ms=5000"))
     conf = settings.consumer_config()
-    assert conf["bootstrap.servers"] == "env-host:9092"
+    assert conf["bootstrap.servers"] == "127.0.0.2:9092"
     assert (conf["security.protocol"], conf["sasl.mechanism"]) == ("SASL_SSL", "SCRAM-SHA-512")
     assert (conf["sasl.username"], conf["sasl.password"]) == ("env-user", "from-env")
     assert (conf["ssl.ca.location"], conf["socket.timeout.ms"]) == ("/ca.pem", "5000")
