@@ -492,6 +492,19 @@ def test_settings_at_their_bounds_or_given_as_text_install(tmp_path: Path) -> No
             "kafka.sasl.passwordSecret.name",
         ),
         (("swarmKafka.enabled=true",), "SWARM_KAFKA bootstrapServers is required"),
+        (  # the services refuse a broker whose scheme is not the security protocol
+            ("kafka.bootstrapServers=a:9092\\,SASL_SSL://b:9093",),
+            "kafka.bootstrapServers names the scheme SASL_SSL:// but kafka.securityProtocol=PLAINTEXT",
+        ),
+        (
+            (
+                "swarmKafka.enabled=true",
+                "swarmKafka.bootstrapServers=SSL://s:9093",
+                "swarmKafka.securityProtocol=SASL_SSL",
+                "swarmKafka.sasl.mechanism=OAUTHBEARER",
+            ),
+            "swarmKafka.bootstrapServers names the scheme SSL:// but swarmKafka.securityProtocol=SASL_SSL",
+        ),
         (("kafka.caSecret.name=ca",), "does not use TLS"),
         (("model=m", "trainer.settings.MODEL=other"), "set the model once"),
         (("identity.mode=tofu",), "a verifying node must sign; set identity.keySecret.name"),

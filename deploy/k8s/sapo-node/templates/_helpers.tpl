@@ -160,6 +160,13 @@ sapo.settings.KafkaConnection so a bad release fails at `helm install`, not in a
 {{- if and (has .conn.sasl.mechanism (list "PLAIN" "SCRAM-SHA-256" "SCRAM-SHA-512")) (not (and .conn.sasl.username .conn.sasl.passwordSecret.name)) }}
 {{- fail (printf "%s.sasl.mechanism=%s needs %s.sasl.username and %s.sasl.passwordSecret.name (an existing Secret)" .name .conn.sasl.mechanism .name .name) }}
 {{- end }}
+{{- $ctx := . }}
+{{- range $broker := splitList "," (default "" .conn.bootstrapServers) }}
+{{- $scheme := regexFind "^[A-Za-z_]+://" (trim $broker) | trimSuffix "://" | upper }}
+{{- if and $scheme (ne $scheme $ctx.conn.securityProtocol) }}
+{{- fail (printf "%s.bootstrapServers names the scheme %s:// but %s.securityProtocol=%s: the Kafka client drops such a broker and the services refuse it; set %s.securityProtocol=%s, or leave the scheme out" $ctx.name $scheme $ctx.name $ctx.conn.securityProtocol $ctx.name $scheme) }}
+{{- end }}
+{{- end }}
 {{- if and .conn.caSecret.name (not (has .conn.securityProtocol (list "SSL" "SASL_SSL"))) }}
 {{- fail (printf "%s.caSecret is set but %s.securityProtocol=%s does not use TLS; use SSL or SASL_SSL" .name .name .conn.securityProtocol) }}
 {{- end }}
