@@ -130,9 +130,15 @@ class SwarmManifest(BaseModel):
     @classmethod
     def _broker_list(cls, value: str | None) -> str | None:
         """The form of a broker list, as the services check theirs (`sapo swarm` looks the names up
-        before it starts anything)."""
+        before it starts anything), and no scheme but PLAINTEXT: the launcher and the services it starts
+        connect in PLAINTEXT, and librdkafka drops a broker of another scheme."""
         if value is not None:
-            broker_addresses(value)
+            for address in broker_addresses(value):
+                if address.scheme not in (None, "PLAINTEXT"):
+                    raise ValueError(
+                        f"the scheme {address.scheme}:// is not PLAINTEXT://: a swarm connects to its "
+                        "brokers in PLAINTEXT; leave the scheme out"
+                    )
         return value
 
     @model_validator(mode="after")

@@ -346,3 +346,20 @@ def test_a_swarm_on_brokers_that_do_not_resolve_starts_nothing(
     manifest.write_text("bootstrap: 'localhost:99999'\nnodes: [{id: a, rounds: 1}]\n")
     assert main(["swarm", "--manifest", str(manifest), "--run-dir", str(tmp_path / "run")]) == 2
     assert "  bootstrap: Value error, must name the brokers" in error_lines(caplog)
+
+
+@pytest.mark.parametrize("scheme", ["SSL", "sasl_ssl", "SASL_PLAINTEXT"])
+def test_a_swarm_manifest_names_no_scheme_but_plaintext(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, scheme: str
+) -> None:
+    """The launcher's own clients (topics, recorder) and its services connect in PLAINTEXT, which
+    librdkafka would refuse such a broker in: the swarm would wait out its timeouts and fail."""
+    manifest = tmp_path / "swarm.yaml"
+    manifest.write_text(f"bootstrap: '{scheme}://localhost:9093'\nnodes: [{{id: a, rounds: 1}}]\n")
+    assert main(["swarm", "--manifest", str(manifest), "--run-dir", str(tmp_path / "run")]) == 2
+    assert f"the scheme {scheme.upper()}:// is not PLAINTEXT://" in error_lines(caplog)
+    assert not (tmp_path / "run").exists()
+    manifest.write_text("bootstrap: 'plaintext://no-such-host.invalid:9092'\nnodes: [{id: a, rounds: 1}]\n")
+    caplog.clear()
+    assert main(["swarm", "--manifest", str(manifest), "--run-dir", str(tmp_path / "run")]) == 2
+    assert "could not resolve host 'no-such-host.invalid'" in error_lines(caplog)  # the form was taken
