@@ -25,6 +25,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -64,7 +65,9 @@ class KafkaConnection(BaseModel):
         description="Comma-separated host:port list of the brokers (its form is checked at start; a name "
         "need not resolve yet).",
     )
-    security_protocol: SecurityProtocol = Field(SecurityProtocol.PLAINTEXT, description="Transport security.")
+    security_protocol: SecurityProtocol = Field(
+        SecurityProtocol.PLAINTEXT, validate_default=True, description="Transport security."
+    )
     sasl_mechanism: str | None = Field(
         None, description="PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER."
     )
@@ -101,6 +104,25 @@ class KafkaConnection(BaseModel):
             )
         return value
 
+    @field_validator("security_protocol")
+    @classmethod
+    def _schemes_are_the_protocol(cls, value: SecurityProtocol, info: ValidationInfo) -> SecurityProtocol:
+        """No broker names a `SCHEME://` other than the security protocol. A check of this field (its
+        default included), so that an error names the setting to change, the variable or a command's
+        `--security-protocol`, not the whole connection's variable; the brokers are checked before it."""
+        servers = info.data.get("bootstrap_servers")
+        if servers is None:  # refused itself, and reported so
+            return value
+        protocol = SecurityProtocol(value).value
+        for address in broker_addresses(servers):
+            if address.scheme is not None and address.scheme != protocol:
+                raise ValueError(
+                    f"KAFKA__BOOTSTRAP_SERVERS names the scheme {address.scheme}:// but security_protocol "
+                    f"is {protocol}: the Kafka client drops such a broker; set KAFKA__SECURITY_PROTOCOL="
+                    f"{address.scheme} (a command's --security-protocol), or leave the scheme out"
+                )
+        return value
+
     @model_validator(mode="after")
     def _check_security(self) -> Self:
         uses_sasl = self.security_protocol in (SecurityProtocol.SASL_PLAINTEXT, SecurityProtocol.SASL_SSL)
@@ -114,14 +136,6 @@ class KafkaConnection(BaseModel):
             raise ValueError(
                 f"sasl_mechanism={self.sasl_mechanism} needs KAFKA__SASL_USERNAME and KAFKA__SASL_PASSWORD"
             )
-        protocol = self.security_protocol.value
-        for address in broker_addresses(self.bootstrap_servers):
-            if address.scheme is not None and address.scheme != protocol:
-                raise ValueError(
-                    f"KAFKA__BOOTSTRAP_SERVERS names the scheme {address.scheme}:// but security_protocol "
-                    f"is {protocol}: the Kafka client drops such a broker; set KAFKA__SECURITY_PROTOCOL="
-                    f"{address.scheme}, or leave the scheme out"
-                )
         return self
 
     def to_librdkafka(self) -> dict[str, str]:

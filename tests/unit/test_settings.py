@@ -204,7 +204,10 @@ def test_the_brokers_are_named_by_bootstrap_servers_only(monkeypatch: pytest.Mon
     """A scheme librdkafka drops (not the security protocol), or brokers in `extra` that no check sees."""
     monkeypatch.setenv("SAPO_DEMO_NODE_ID", "n")
     monkeypatch.setenv("SAPO_DEMO_KAFKA__BOOTSTRAP_SERVERS", "SSL://b:9093")
-    mismatch = "SAPO_DEMO_KAFKA: Value error, KAFKA__BOOTSTRAP_SERVERS names the scheme SSL:// but "
+    mismatch = (
+        "SAPO_DEMO_KAFKA__SECURITY_PROTOCOL: Value error, KAFKA__BOOTSTRAP_SERVERS names the scheme SSL:// "
+        "but "
+    )
     with pytest.raises(ConfigError, match=mismatch + "security_protocol is PLAINTEXT"):
         load_settings(DemoSettings)
     monkeypatch.setenv("SAPO_DEMO_KAFKA__BOOTSTRAP_SERVERS", "ssl://b:9093")  # either case, as librdkafka

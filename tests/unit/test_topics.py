@@ -363,3 +363,25 @@ def test_a_swarm_manifest_names_no_scheme_but_plaintext(
     caplog.clear()
     assert main(["swarm", "--manifest", str(manifest), "--run-dir", str(tmp_path / "run")]) == 2
     assert "could not resolve host 'no-such-host.invalid'" in error_lines(caplog)  # the form was taken
+
+
+@pytest.mark.usefixtures("no_kafka_client")
+def test_a_scheme_mismatch_names_the_security_protocol_by_its_flag_or_variable(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Not the whole connection's variable (SAPO_INSPECT_KAFKA), which nothing set: the setting that
+    differs from the scheme, as the user can change it."""
+    assert (
+        main(["inspect", "swarm", "--bootstrap", "SSL://localhost:9093", "--security-protocol", "PLAINTEXT"])
+        == 2
+    )
+    assert (
+        "  --security-protocol: Value error, KAFKA__BOOTSTRAP_SERVERS names the scheme SSL://"
+        in error_lines(caplog)
+    )
+    caplog.clear()
+    assert main(["inspect", "swarm", "--bootstrap", "SSL://localhost:9093"]) == 2
+    assert (
+        "  SAPO_INSPECT_KAFKA__SECURITY_PROTOCOL: Value error, KAFKA__BOOTSTRAP_SERVERS names"
+        in error_lines(caplog)
+    )
