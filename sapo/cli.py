@@ -424,7 +424,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, argparse.ArgumentTypeError) as exc:
         log.error("%s", exc)
         return 2
-    except (OSError, KafkaException, InspectError) as exc:  # a path, a host or a cluster given wrong
+    # A path, a host or a cluster given wrong: the failure's own words, not a traceback.
+    except (OSError, KafkaException, InspectError, TopicError) as exc:
         log.error("%s", user_message(exc), exc_info=args.verbose)
         return 1
 

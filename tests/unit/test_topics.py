@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import socket
 from pathlib import Path
 from typing import NoReturn
 
@@ -346,6 +347,21 @@ def test_a_swarm_on_brokers_that_do_not_resolve_starts_nothing(
     manifest.write_text("bootstrap: 'localhost:99999'\nnodes: [{id: a, rounds: 1}]\n")
     assert main(["swarm", "--manifest", str(manifest), "--run-dir", str(tmp_path / "run")]) == 2
     assert "  bootstrap: Value error, must name the brokers" in error_lines(caplog)
+
+
+def test_a_swarm_whose_brokers_do_not_answer_ends_in_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The launcher creates the topics first: a broker that resolves but never answers (nothing listens
+    on its port) fails that step after its timeout, with the topics' error and not a traceback."""
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    manifest = tmp_path / "swarm.yaml"
+    manifest.write_text(f"bootstrap: '127.0.0.1:{port}'\nnodes: [{{id: a, rounds: 1}}]\n")
+    assert main(["swarm", "--manifest", str(manifest), "--run-dir", str(tmp_path / "run")]) == 1
+    assert "Traceback" not in caplog.text
+    assert error_lines(caplog).startswith(f"could not list topics at 127.0.0.1:{port} within 30 s")
 
 
 @pytest.mark.parametrize("scheme", ["SSL", "sasl_ssl", "SASL_PLAINTEXT"])
