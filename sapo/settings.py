@@ -9,8 +9,10 @@ librdkafka dict; secrets are `SecretStr` so the resolved config can be logged.
 from __future__ import annotations
 
 import difflib
+import json
 import logging
 import os
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -30,7 +32,7 @@ from pydantic import (
     model_validator,
 )
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from sapo.cliargs import broker_addresses, check_brokers
 from sapo.cpuslice import DEFAULT_SLICE_MS, MAX_SLICE_MS
@@ -467,6 +469,8 @@ def load_settings(cls: type[S], flags: Mapping[str, str] | None = None, /, **ove
         )
     try:
         return cls(**overrides)
+    except SettingsError as exc:  # a variable of a collection or nested model that is not JSON
+        raise ConfigError(_not_json(cls, exc)) from None
     except ValidationError as exc:
         prefix = env_prefix(cls)
         lines = [f"invalid configuration for {cls.__name__}:"]
@@ -511,6 +515,39 @@ def env_source(cls: type[BaseSettings], loc: tuple[str, ...], environ: Mapping[s
         if name is not None:
             return name
     return None
+
+
+def _not_json(cls: type[BaseSettings], exc: SettingsError) -> str:
+    """What to set when pydantic-settings could not decode a variable as JSON (it names only the field):
+    every variable of that field whose text is not JSON, never its text (a nested model's may hold a
+    secret)."""
+    match = re.search(r'field "([^"]+)"', str(exc))
+    field = match[1] if match else ""
+    prefix = env_prefix(cls)
+    head = f"{prefix}{field}".upper()
+    nested = env_fields(cls)
+    lines = [f"invalid configuration for {cls.__name__}:"]
+    for name, value in sorted(os.environ.items()):
+        upper = name.upper()
+        if not (upper == head or upper.startswith(f"{head}__")):
+            continue
+        info = nested.get(upper[len(prefix) :])  # None: a nested model itself
+        kinds = {typing.get_origin(t) or t for t in field_types(info)} if info is not None else set()
+        if kinds & {list, tuple, set, frozenset}:
+            hint = _COLLECTION_HINTS["list_type"]
+        elif dict in kinds:
+            hint = _COLLECTION_HINTS["dict_type"]
+        elif info is None:
+            hint = f"; give a JSON object, or set each field as {upper}__<FIELD>"
+        else:
+            continue  # plain text, never decoded
+        try:
+            json.loads(value)
+        except ValueError as error:
+            lines.append(f"  {name}: not valid JSON ({error.args[0] if error.args else error}){hint}")
+    if len(lines) == 1:
+        lines.append(f"  {head}: not valid JSON ({exc.__cause__ or exc})")
+    return "\n".join(lines)
 
 
 _COLLECTION_HINTS: Final = {

@@ -216,3 +216,34 @@ def test_the_brokers_are_named_by_bootstrap_servers_only(monkeypatch: pytest.Mon
     monkeypatch.setenv("SAPO_DEMO_KAFKA__EXTRA", '{"bootstrap.servers": "other:9092"}')
     with pytest.raises(ConfigError, match=r"SAPO_DEMO_KAFKA__EXTRA: Value error, bootstrap\.servers is the"):
         load_settings(DemoSettings)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "hint"),
+    [
+        ("SAPO_SAMPLER_ACCEPTED_PROFILES", "easy", 'a variable holding a list is JSON, e.g. ["a", "b"]'),
+        ("SAPO_SAMPLER_ACCEPTED_CONFIG_DIGESTS", "", 'a variable holding a list is JSON, e.g. ["a", "b"]'),
+        (
+            "SAPO_SAMPLER_KAFKA__EXTRA",
+            "linger.ms=5",
+            'a variable holding a mapping is JSON, e.g. {"key": "value"}',
+        ),
+        ("SAPO_SAMPLER_KAFKA", '{"sasl_password": "hunter2"', "SAPO_SAMPLER_KAFKA__<FIELD>"),
+        ("SAPO_SAMPLER_WARM_START", "enabled", "SAPO_SAMPLER_WARM_START__<FIELD>"),
+    ],
+)
+def test_a_variable_that_is_not_the_json_its_setting_needs_names_it_without_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, hint: str
+) -> None:
+    """pydantic-settings decodes a collection or nested model from JSON before validation and raises its
+    own SettingsError (a traceback at start) when that fails: it must read as every other bad value."""
+    monkeypatch.setenv("SAPO_SAMPLER_NODE_ID", "n")
+    monkeypatch.setenv("SAPO_SAMPLER_KAFKA__BOOTSTRAP_SERVERS", "b:9092")  # text, not JSON, and fine
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as error:
+        load_settings(SamplerSettings)
+    message = str(error.value)
+    assert f"  {variable}: not valid JSON" in message
+    assert "BOOTSTRAP_SERVERS" not in message
+    assert hint in message
+    assert "hunter2" not in message  # a nested model's text may hold a secret: never shown
