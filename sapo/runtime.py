@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol, TypeVar
 
+from confluent_kafka import KafkaError, KafkaException
 from prometheus_client import (
     GC_COLLECTOR,
     PLATFORM_COLLECTOR,
@@ -155,6 +156,32 @@ def open_ops_server(settings: ServiceSettings, registry: CollectorRegistry, heal
         ) from None
 
 
+def open_publisher(
+    settings: ServiceSettings, transport: TransportMetrics, *, swarm: bool = False
+) -> KafkaPublisher:
+    """The producer of the node's (or the swarm's) cluster. librdkafka checks its properties (EXTRA
+    ones, the SASL mechanism, the TLS files) only when a client is created: one it refuses fails the
+    start naming the variables, before any connection."""
+    conn = settings.swarm_connection if swarm else settings.kafka
+    try:
+        return KafkaPublisher(
+            conn.to_librdkafka(),
+            transport,
+            max_message_bytes=settings.max_message_bytes,
+            setting=bootstrap_setting(settings, swarm=swarm),
+        )
+    except KafkaException as exc:
+        error = exc.args[0] if exc.args else None
+        said = error.str() if isinstance(error, KafkaError) else str(exc)
+        name = env_prefix(settings) + (
+            "SWARM_KAFKA" if swarm and settings.swarm_kafka is not None else "KAFKA"
+        )
+        raise ConfigError(
+            f"{name}__*: the Kafka client refuses these settings ({said}); check {name}__EXTRA (librdkafka "
+            f"properties), {name}__SASL_MECHANISM and the files {name}__SSL_* name"
+        ) from None
+
+
 def start_runtime(service: str, settings: ServiceSettings, *, install_signals: bool = True) -> Runtime:
     configure_logging(settings.log_level, settings.log_format, service, settings.node_id)
     log.info("starting %s with %s", service, describe(settings))
@@ -177,19 +204,9 @@ def start_runtime(service: str, settings: ServiceSettings, *, install_signals: b
         tmp.write_text(str(ops.port))
         tmp.rename(settings.http_port_file)
     limit = settings.max_message_bytes
-    setting = bootstrap_setting(settings)
-    publisher = KafkaPublisher(
-        settings.kafka.to_librdkafka(), transport, max_message_bytes=limit, setting=setting
-    )
+    publisher = open_publisher(settings, transport)
     swarm_publisher = (
-        publisher
-        if settings.swarm_kafka is None
-        else KafkaPublisher(
-            settings.swarm_connection.to_librdkafka(),
-            transport,
-            max_message_bytes=limit,
-            setting=bootstrap_setting(settings, swarm=True),
-        )
+        publisher if settings.swarm_kafka is None else open_publisher(settings, transport, swarm=True)
     )
     topics = TopicNames.for_node(settings.node_id, settings.topic_prefix)
     return Runtime(

@@ -8,8 +8,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 from pydantic_settings import SettingsConfigDict
 
+from sapo.kafka import TransportMetrics
 from sapo.ops import Health
-from sapo.runtime import open_ops_server
+from sapo.runtime import open_ops_server, open_publisher
 from sapo.sampler.settings import SamplerSettings
 from sapo.settings import (
     ConfigError,
@@ -247,3 +248,36 @@ def test_a_variable_that_is_not_the_json_its_setting_needs_names_it_without_a_tr
     assert "BOOTSTRAP_SERVERS" not in message
     assert hint in message
     assert "hunter2" not in message  # a nested model's text may hold a secret: never shown
+
+
+@pytest.mark.parametrize(
+    ("variables", "named", "said"),
+    [
+        ({"KAFKA__EXTRA": '{"no.such.property": "1"}'}, "SAPO_DEMO_KAFKA", "No such configuration property"),
+        ({"KAFKA__EXTRA": '{"linger.ms": "soon"}'}, "SAPO_DEMO_KAFKA", "Invalid value"),
+        (
+            {"KAFKA__SECURITY_PROTOCOL": "SASL_PLAINTEXT", "KAFKA__SASL_MECHANISM": "NOPE"},
+            "SAPO_DEMO_KAFKA",
+            "Unsupported SASL mechanism",
+        ),
+        (
+            {"SWARM_KAFKA__SECURITY_PROTOCOL": "SSL", "SWARM_KAFKA__SSL_CA_LOCATION": "/no/such/ca.pem"},
+            "SAPO_DEMO_SWARM_KAFKA",
+            "ssl.ca.location",
+        ),
+    ],
+)
+def test_client_settings_librdkafka_refuses_fail_the_start_naming_the_variables(
+    monkeypatch: pytest.MonkeyPatch, variables: dict[str, str], named: str, said: str
+) -> None:
+    """librdkafka checks its properties (extra ones, SASL mechanisms, TLS files) only when a client is
+    created: that must read as a configuration error, not a KafkaException traceback."""
+    monkeypatch.setenv("SAPO_DEMO_NODE_ID", "n")
+    for name, value in variables.items():
+        monkeypatch.setenv(f"SAPO_DEMO_{name}", value)
+    settings = load_settings(DemoSettings)
+    swarm = named.endswith("SWARM_KAFKA")
+    with pytest.raises(ConfigError) as error:
+        open_publisher(settings, TransportMetrics(CollectorRegistry(), "demo"), swarm=swarm)
+    message = str(error.value)
+    assert message.startswith(f"{named}__*: ") and said in message
