@@ -182,6 +182,27 @@ def open_publisher(
         ) from None
 
 
+def write_port_file(settings: ServiceSettings, port: int) -> None:
+    """Write the bound port to HTTP_PORT_FILE: whole, then renamed, so a supervisor polling for it never
+    reads a partial number. A path that cannot be written fails the start naming the variable."""
+    path = settings.http_port_file
+    if path is None:
+        return
+    tmp = None
+    try:
+        tmp = path.with_suffix(".tmp")  # ValueError for a path with no name ('', '/')
+        tmp.write_text(str(port))
+        tmp.rename(path)
+    except (OSError, ValueError) as exc:
+        if tmp is not None and tmp.is_file():
+            tmp.unlink()
+        reason = (exc.strerror or str(exc)) if isinstance(exc, OSError) else "it names no file"
+        raise ConfigError(
+            f"{env_prefix(settings)}HTTP_PORT_FILE={str(path)!r}: cannot write the bound port there "
+            f"({reason}); set the path of a file in a writable directory, or unset it"
+        ) from None
+
+
 def start_runtime(service: str, settings: ServiceSettings, *, install_signals: bool = True) -> Runtime:
     configure_logging(settings.log_level, settings.log_format, service, settings.node_id)
     log.info("starting %s with %s", service, describe(settings))
@@ -199,10 +220,7 @@ def start_runtime(service: str, settings: ServiceSettings, *, install_signals: b
     ops = open_ops_server(settings, registry, health)
     log.info("ops server on :%d (/metrics /healthz /readyz)", ops.port)
     if settings.http_port_file is not None:
-        # Written whole then renamed, so a supervisor polling for it never reads a partial number.
-        tmp = settings.http_port_file.with_suffix(".tmp")
-        tmp.write_text(str(ops.port))
-        tmp.rename(settings.http_port_file)
+        write_port_file(settings, ops.port)
     limit = settings.max_message_bytes
     publisher = open_publisher(settings, transport)
     swarm_publisher = (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -10,7 +11,7 @@ from pydantic_settings import SettingsConfigDict
 
 from sapo.kafka import TransportMetrics
 from sapo.ops import Health
-from sapo.runtime import open_ops_server, open_publisher
+from sapo.runtime import open_ops_server, open_publisher, write_port_file
 from sapo.sampler.settings import SamplerSettings
 from sapo.settings import (
     ConfigError,
@@ -281,3 +282,24 @@ def test_client_settings_librdkafka_refuses_fail_the_start_naming_the_variables(
         open_publisher(settings, TransportMetrics(CollectorRegistry(), "demo"), swarm=swarm)
     message = str(error.value)
     assert message.startswith(f"{named}__*: ") and said in message
+
+
+@pytest.mark.parametrize("path", ["", "/", "/no/such/directory/port", "{tmp}"])
+def test_a_port_file_that_cannot_be_written_fails_the_start_naming_the_setting(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, path: str
+) -> None:
+    monkeypatch.setenv("SAPO_DEMO_NODE_ID", "n")
+    monkeypatch.setenv("SAPO_DEMO_HTTP_PORT_FILE", path.format(tmp=tmp_path))  # {tmp}: a directory
+    settings = load_settings(DemoSettings)
+    with pytest.raises(ConfigError) as error:
+        write_port_file(settings, 8080)
+    message = str(error.value)
+    assert message.startswith("SAPO_DEMO_HTTP_PORT_FILE=") and "cannot write the bound port" in message
+
+
+def test_the_port_file_holds_the_bound_port(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("SAPO_DEMO_NODE_ID", "n")
+    monkeypatch.setenv("SAPO_DEMO_HTTP_PORT_FILE", str(tmp_path / "port"))
+    write_port_file(load_settings(DemoSettings), 8123)
+    assert (tmp_path / "port").read_text() == "8123"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["port"]
