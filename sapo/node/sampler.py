@@ -59,7 +59,7 @@ import time
 from collections.abc import Callable
 from typing import Self
 
-from sapo.identity import IdentityError, Sender
+from sapo.identity import IdentityError, Sender, TrustStore
 from sapo.kafka import ConsumerClient, ConsumerLoop, DeadLetters, Disposition, Publisher, Record
 from sapo.kafka import TransportMetrics as Transport
 from sapo.kafka.records import TopicPartition
@@ -232,6 +232,12 @@ class SamplerService:
                 stop=stop,
                 max_payload_bytes=settings.max_payload_bytes,
             )
+
+    @staticmethod
+    def preflight(settings: SamplerSettings) -> None:
+        """The trust list (and pins) identity needs, read before any connection opens: a missing or
+        broken one fails at start saying what to set, not once the lease is taken."""
+        trust_store(settings)
 
     @classmethod
     def from_runtime(cls, settings: SamplerSettings, runtime: Runtime) -> Self | None:
@@ -530,12 +536,17 @@ class SamplerService:
         self.core.forget({e.group_id for o in ORIGINS for e in pool.entries(o) if e.handle.tp in gone})
 
 
-def identity_gate(runtime: Runtime, settings: SamplerSettings) -> IdentityGate | None:
-    """The trust store, its keys-topic follower and metrics; None with identity off."""
+def trust_store(settings: SamplerSettings) -> TrustStore | None:
+    """The trust store identity settings name; None with identity off. ConfigError saying what to set."""
     try:
-        store = settings.identity.store()
+        return settings.identity.store()
     except IdentityError as exc:
         raise ConfigError(f"SAPO_SAMPLER_IDENTITY: {exc}") from None
+
+
+def identity_gate(runtime: Runtime, settings: SamplerSettings) -> IdentityGate | None:
+    """The trust store, its keys-topic follower and metrics; None with identity off."""
+    store = trust_store(settings)
     if store is None:
         return None
     metrics = IdentityMetrics(runtime.registry, SERVICE)

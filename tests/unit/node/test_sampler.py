@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import collections
 import itertools
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -536,3 +540,37 @@ def test_lazy_pools_on_facts_dead_letters_their_lies_when_picked_and_decodes_old
     assert [r.headers["sapo-dlq-reason"] for r in bus.topics[TOPICS.dlq]] == [b"facts_mismatch"]
     node.service.close()
     assert bus.committed[("swarm", (TOPICS.swarm_rollouts, 0))] == 3
+
+
+@pytest.mark.parametrize(
+    ("identity", "said"),
+    [
+        ({"MODE": "strict"}, "set IDENTITY__TRUST_FILE"),
+        ({"MODE": "strict", "TRUST_FILE": "/no/such/trust.yaml"}, "/no/such/trust.yaml"),
+    ],
+)
+def test_a_sampler_whose_trust_list_is_missing_fails_at_start_before_any_connection(
+    identity: dict[str, str], said: str
+) -> None:
+    """The lease needs a broker (a standby waits for one indefinitely): a trust list read only after it
+    left a misconfigured sampler retrying an unreachable cluster instead of saying what to set."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAPO_SAMPLER_")}
+    env |= {
+        "SAPO_SAMPLER_NODE_ID": "node-a",
+        "SAPO_SAMPLER_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:1",  # nothing listens there
+        "SAPO_SAMPLER_HTTP_HOST": "127.0.0.1",
+        "SAPO_SAMPLER_HTTP_PORT": "0",
+    } | {f"SAPO_SAMPLER_IDENTITY__{k}": v for k, v in identity.items()}
+    root = Path(__file__).resolve().parents[3]
+    out = subprocess.run(
+        [sys.executable, "-m", "services.sampler.main"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert out.returncode == 1, out.stderr
+    assert "SAPO_SAMPLER_IDENTITY: " in out.stderr and said in out.stderr
+    assert "Traceback" not in out.stderr and "127.0.0.1:1" not in out.stderr  # no client was made
