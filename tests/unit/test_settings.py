@@ -303,3 +303,16 @@ def test_the_port_file_holds_the_bound_port(monkeypatch: pytest.MonkeyPatch, tmp
     write_port_file(load_settings(DemoSettings), 8123)
     assert (tmp_path / "port").read_text() == "8123"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["port"]
+
+
+@pytest.mark.parametrize("value", [" ", "\t", ",", " , "])
+def test_bootstrap_servers_that_name_no_broker_are_refused(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    """librdkafka takes a blank list as no broker at all, warns once and never connects."""
+    monkeypatch.setenv("SAPO_DEMO_NODE_ID", "n")
+    monkeypatch.setenv("SAPO_DEMO_SWARM_KAFKA__BOOTSTRAP_SERVERS", value)
+    with pytest.raises(ConfigError, match=r"SAPO_DEMO_SWARM_KAFKA__BOOTSTRAP_SERVERS: .*names no broker"):
+        load_settings(DemoSettings)
+    monkeypatch.setenv("SAPO_DEMO_SWARM_KAFKA__BOOTSTRAP_SERVERS", "b1:9092, b2:9092,")
+    assert load_settings(DemoSettings).swarm_connection.bootstrap_servers == "b1:9092, b2:9092,"
