@@ -26,10 +26,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from sapo.models.bundled import bundled_model_dir
 from sapo.models.hub import ModelUnavailableError, require_local
-from sapo.models.refs import BUNDLED_REF, is_project_ref, ref_kind
+from sapo.models.refs import BUNDLED_REF, is_project_ref, ref_form_error, ref_kind
 from sapo.models.tiny import build_tiny_model, parse_tiny_ref
 from sapo.models.tokenizer import project_tokenizer
-from sapo.models.warm import warm_model_dir
+from sapo.models.warm import parse_warm_ref, warm_model_dir
 
 
 def load_model(
@@ -68,17 +68,36 @@ def load_model(
 
 def require_loadable(model_ref: str, setting: str = "") -> None:
     """Fail now, saying what to set, when ``model_ref`` is a Hugging Face id or path that is not on this
-    machine (`sapo.models.hub`); the project's own and the bundled models always are. Services call it
+    machine (`sapo.models.hub`), or a bundled or project reference this project cannot build (a form or
+    sizes written wrong); the project's own and the bundled models are never looked up. Services call it
     before anything slow (a lease, a model load), so a missing model fails at start; `setting` is the
     variable the reference came from, named first in the error."""
-    if model_ref.startswith("bundled:") or is_project_ref(model_ref):
-        return
     try:
+        if model_ref == BUNDLED_REF:
+            return
+        if model_ref.startswith("bundled:") or is_project_ref(model_ref):
+            _check_project_ref(model_ref)
+            return
         require_local(model_ref)
     except ModelUnavailableError as exc:
         if not setting:
             raise
         raise ModelUnavailableError(f"{setting}: {exc}") from None
+
+
+def _check_project_ref(model_ref: str) -> None:
+    """A bundled or project reference this project can build: its form and its sizes."""
+    error = ref_form_error(model_ref)
+    if error is None:
+        try:
+            if ref_kind(model_ref) in ("tiny", "tiny-bpe"):
+                parse_tiny_ref(model_ref)
+            elif ref_kind(model_ref) in ("warm", "warm-bpe"):
+                parse_warm_ref(model_ref)
+        except ValueError as exc:  # sizes a model cannot have (heads that do not divide the width)
+            error = f"model {model_ref!r}: {exc}"
+    if error is not None:
+        raise ModelUnavailableError(error)
 
 
 def _placed(model: PreTrainedModel, dtype: torch.dtype, device: str | torch.device) -> PreTrainedModel:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
-from sapo.models.refs import BUNDLED_REF
+from sapo.models.refs import BUNDLED_REF, ref_form_error
 
 
 class ModelSettings(BaseModel):
@@ -21,3 +21,12 @@ class ModelSettings(BaseModel):
     device: str = Field(
         "cpu", pattern=r"^(cpu|cuda(:\d{1,2})?)$", description="Torch device: cpu, cuda, cuda:N."
     )
+
+    @field_validator("model")
+    @classmethod
+    def _check_ref(cls, value: str) -> str:
+        """A project or bundled reference written wrong fails with the settings, not once loaded."""
+        error = ref_form_error(value)
+        if error is not None:
+            raise ValueError(error)
+        return value

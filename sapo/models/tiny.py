@@ -13,13 +13,12 @@ make tests of logprobs and positions vacuous.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
-_TINY_REF = re.compile(r"(?P<kind>tiny|tiny-bpe):(?P<seed>\d+)(?::(?P<hidden>\d+)x(?P<layers>\d+))?")
+from sapo.models.refs import TINY_REF
 
 
 @dataclass(frozen=True)
@@ -50,7 +49,7 @@ def parse_tiny_ref(model_ref: str) -> tuple[int, TinySpec]:
 
     The size suffix lets a swarm manifest ask for differently sized tiny nodes without code.
     """
-    match = _TINY_REF.fullmatch(model_ref)
+    match = TINY_REF.fullmatch(model_ref)
     if match is None:
         kind = "tiny-bpe" if model_ref.startswith("tiny-bpe:") else "tiny"
         raise ValueError(

@@ -28,7 +28,6 @@ import hashlib
 import importlib.metadata
 import json
 import logging
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
 from sapo.models.cache import cache_root, materialize_dir
 from sapo.models.fingerprint import tokenizer_fingerprint
-from sapo.models.refs import ref_kind
+from sapo.models.refs import WARM_REF, ref_kind
 from sapo.models.tiny import TinySpec, build_tiny_model, parse_tiny_ref
 from sapo.models.tokenizer import project_tokenizer
 from sapo.tasks import (
@@ -65,10 +64,6 @@ DEFAULT_SPEC = TinySpec(hidden_size=64, num_hidden_layers=2, initializer_range=0
 DEFAULT_STEPS = 300
 """SFT steps of ``warm:<seed>``: on the reward plateau, inside the useful band (module docstring)."""
 MICRO_BATCH_ROWS = 4
-
-_WARM_REF = re.compile(
-    r"(?P<kind>warm|warm-bpe):(?P<seed>\d+)(?::(?P<hidden>\d+)x(?P<layers>\d+):(?P<steps>\d+))?"
-)
 
 
 @dataclass(frozen=True)
@@ -102,7 +97,7 @@ def parse_warm_ref(model_ref: str) -> tuple[int, WarmRecipe]:
 
     Sizes follow ``tiny:<seed>:<hidden>x<layers>`` (heads = hidden / 16), with the warm init range.
     """
-    match = _WARM_REF.fullmatch(model_ref)
+    match = WARM_REF.fullmatch(model_ref)
     if match is None:
         kind = "warm-bpe" if model_ref.startswith("warm-bpe:") else "warm"
         raise ValueError(

@@ -89,3 +89,21 @@ def test_a_service_names_the_variable_a_model_it_cannot_load_came_from() -> None
     with pytest.raises(ModelUnavailableError) as error:
         require_loadable("nosuch:model", "SAPO_GENERATOR_MODEL")
     assert str(error.value).startswith("SAPO_GENERATOR_MODEL: model 'nosuch:model' is neither a local")
+
+
+@pytest.mark.parametrize(
+    ("ref", "said"),
+    [
+        ("tiny:abc", "bad tiny model reference 'tiny:abc'"),
+        ("tiny-bpe:1:64", "use tiny-bpe:<seed> or tiny-bpe:<seed>:<hidden>x<layers>"),
+        ("tiny:1:33x2", "not divisible"),
+        ("warm:x", "bad warm model reference 'warm:x'"),
+        ("bundled:nope", "the only bundled model is 'bundled:smollm2-135m-instruct'"),
+    ],
+)
+def test_a_project_or_bundled_reference_written_wrong_is_named_before_a_load(ref: str, said: str) -> None:
+    """These were never looked up, so a typo passed the services' preflight and crashed the model load
+    once the lease was taken."""
+    with pytest.raises(ModelUnavailableError) as error:
+        require_loadable(ref, "SAPO_TRAINER_MODEL")
+    assert str(error.value).startswith("SAPO_TRAINER_MODEL: ") and said in str(error.value)

@@ -49,3 +49,17 @@ def test_sampling_temperature_defaults_to_the_generators_temperature() -> None:
     assert TrainerSettings.model_fields["sampling_temperature"].metadata == (
         GeneratorSettings.model_fields["temperature"].metadata
     )
+
+
+@pytest.mark.parametrize("ref", ["tiny:abc", "warm:1:64x2", "bundled:smollm2", "tiny:"])
+def test_a_model_reference_of_the_wrong_form_fails_with_the_settings(
+    monkeypatch: pytest.MonkeyPatch, ref: str
+) -> None:
+    monkeypatch.setenv("SAPO_TRAINER_NODE_ID", "node-3")
+    monkeypatch.setenv("SAPO_TRAINER_MODEL", ref)
+    with pytest.raises(
+        ConfigError, match=r"  SAPO_TRAINER_MODEL: Value error, (bad \w+ model reference|unknown bundled)"
+    ):
+        load_settings(TrainerSettings)
+    monkeypatch.setenv("SAPO_TRAINER_MODEL", "tiny:3:64x2")
+    assert load_settings(TrainerSettings).model == "tiny:3:64x2"
