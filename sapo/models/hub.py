@@ -34,7 +34,12 @@ def require_local(model_ref: str) -> None:
     raise `ModelUnavailableError` otherwise."""
     path = Path(model_ref).expanduser()
     if path.is_dir():
-        return
+        if (path / "config.json").is_file():
+            return
+        raise ModelUnavailableError(
+            f"model {model_ref!r}: the directory holds no config.json, so it is no Hugging Face model "
+            "directory: name the directory that holds the model's config.json and weights"
+        )
     if model_ref.startswith(_PATH_PREFIXES):
         raise ModelUnavailableError(
             f"model {model_ref!r}: no such directory. A models volume (models.volume in the chart) is "

@@ -107,3 +107,15 @@ def test_a_project_or_bundled_reference_written_wrong_is_named_before_a_load(ref
     with pytest.raises(ModelUnavailableError) as error:
         require_loadable(ref, "SAPO_TRAINER_MODEL")
     assert str(error.value).startswith("SAPO_TRAINER_MODEL: ") and said in str(error.value)
+
+
+def test_a_directory_that_holds_no_model_is_named(tmp_path: Path) -> None:
+    """A directory was taken as a model as it stood; transformers then failed in a traceback (`Unrecognized
+    model ... Should have a model_type key`) once the service held its lease."""
+    with pytest.raises(ModelUnavailableError) as error:
+        require_loadable(str(tmp_path), "SAPO_GENERATOR_MODEL")
+    assert str(error.value).startswith(
+        f"SAPO_GENERATOR_MODEL: model {str(tmp_path)!r}: the directory holds no"
+    )
+    (tmp_path / "config.json").write_text("{}")
+    require_loadable(str(tmp_path), "SAPO_GENERATOR_MODEL")
