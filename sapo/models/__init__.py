@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from sapo.models.hub import ModelUnavailableError as ModelUnavailableError
     from sapo.models.hub import require_local as require_local
     from sapo.models.loading import load_model as load_model
+    from sapo.models.loading import require_device as require_device
     from sapo.models.loading import require_loadable as require_loadable
     from sapo.models.refs import BUNDLED_REF as BUNDLED_REF
     from sapo.models.refs import PROJECT_REF_KINDS as PROJECT_REF_KINDS

@@ -30,6 +30,7 @@ from sapo.models.refs import BUNDLED_REF, is_project_ref, ref_form_error, ref_ki
 from sapo.models.tiny import build_tiny_model, parse_tiny_ref
 from sapo.models.tokenizer import project_tokenizer
 from sapo.models.warm import parse_warm_ref, warm_model_dir
+from sapo.settings import ConfigError
 
 
 def load_model(
@@ -83,6 +84,25 @@ def require_loadable(model_ref: str, setting: str = "") -> None:
         if not setting:
             raise
         raise ModelUnavailableError(f"{setting}: {exc}") from None
+
+
+def require_device(device: str, setting: str) -> None:
+    """Fail now, naming `setting`, when the torch `device` (cpu, cuda, cuda:N) is not on this machine:
+    torch says so only when the model moves there (an AssertionError or a RuntimeError, after the
+    lease)."""
+    if device == "cpu":
+        return
+    if not torch.cuda.is_available():
+        why = (
+            "this torch is built without CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+        )
+        raise ConfigError(f"{setting}={device}: {why}; set {setting}=cpu, or run where a GPU is")
+    index = torch.device(device).index
+    count = torch.cuda.device_count()
+    if index is not None and index >= count:
+        raise ConfigError(
+            f"{setting}={device}: {count} CUDA device(s) visible (cuda:0..cuda:{count - 1}); set one of them"
+        )
 
 
 def _check_project_ref(model_ref: str) -> None:

@@ -25,6 +25,7 @@ Delivery semantics:
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import statistics
 import time
@@ -35,7 +36,7 @@ from typing import NamedTuple, Self
 from sapo.backends import GenerationBackend
 from sapo.cpugate import Gate, NoGate
 from sapo.generator import Item, generate_items
-from sapo.generator.settings import GeneratorSettings
+from sapo.generator.settings import BackendKind, GeneratorSettings
 from sapo.generator.sharing import scored_rewards
 from sapo.identity import IdentityError
 from sapo.kafka import (
@@ -50,7 +51,7 @@ from sapo.kafka import (
 )
 from sapo.kafka.records import TopicPartition
 from sapo.lifecycle import StopFlag
-from sapo.models import require_loadable
+from sapo.models import require_device, require_loadable
 from sapo.node.build import build_backend, model_shapes, round_source
 from sapo.node.metrics import GeneratorMetrics
 from sapo.node.policy import WEIGHTS_OK, PolicyFollower
@@ -183,13 +184,22 @@ class GeneratorService:
 
     @staticmethod
     def preflight(settings: GeneratorSettings) -> HeaderSigner | None:
-        """The node's signing key and its model, checked before anything slow or connected: either
-        missing fails at start saying what to set."""
+        """The node's signing key, its model and where the model runs (the device, or vLLM), checked
+        before anything slow or connected: any missing fails at start saying what to set."""
         try:
             signer = settings.identity.signer()
         except IdentityError as exc:
             raise ConfigError(f"SAPO_GENERATOR_IDENTITY: {exc}") from None
-        require_loadable(settings.model, f"{env_prefix(settings)}MODEL")
+        prefix = env_prefix(settings)
+        require_loadable(settings.model, f"{prefix}MODEL")
+        if settings.backend is BackendKind.VLLM:
+            if importlib.util.find_spec("vllm") is None:
+                raise ConfigError(
+                    f"{prefix}BACKEND=vllm: vLLM is not installed here (the package's `gpu` extra); install "
+                    f"it, or set {prefix}BACKEND=hf"
+                )
+        else:
+            require_device(settings.device, f"{prefix}DEVICE")
         return signer
 
     @classmethod

@@ -41,7 +41,7 @@ from sapo.kafka import (
 )
 from sapo.kafka.records import TopicPartition
 from sapo.lifecycle import StopFlag
-from sapo.models import require_loadable
+from sapo.models import require_device, require_loadable
 from sapo.node.build import build_trainer
 from sapo.node.lease import Lease, node_lease
 from sapo.node.metrics import TrainerMetrics
@@ -160,6 +160,7 @@ class TrainerService:
         """The model is on this machine: checked before any connection opens, so a missing one fails at
         start with what to set."""
         require_loadable(settings.model, f"{env_prefix(settings)}MODEL")
+        require_device(settings.device, f"{env_prefix(settings)}DEVICE")
 
     @classmethod
     def from_runtime(cls, settings: TrainerSettings, runtime: Runtime) -> Self | None:

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from huggingface_hub import constants
 
-from sapo.models import ModelUnavailableError, require_loadable, require_local
+from sapo.models import ModelUnavailableError, require_device, require_loadable, require_local
+from sapo.settings import ConfigError
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[3]
@@ -119,3 +120,24 @@ def test_a_directory_that_holds_no_model_is_named(tmp_path: Path) -> None:
     )
     (tmp_path / "config.json").write_text("{}")
     require_loadable(str(tmp_path), "SAPO_GENERATOR_MODEL")
+
+
+def test_a_device_this_machine_lacks_is_named_before_a_model_moves_there(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch said so only when the model moved there (`Torch not compiled with CUDA enabled`), after
+    the lease, in a traceback."""
+    import torch
+
+    require_device("cpu", "SAPO_TRAINER_DEVICE")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"^SAPO_TRAINER_DEVICE=cuda: .*set SAPO_TRAINER_DEVICE=cpu"):
+        require_device("cuda", "SAPO_TRAINER_DEVICE")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    require_device("cuda", "SAPO_TRAINER_DEVICE")
+    require_device("cuda:1", "SAPO_TRAINER_DEVICE")
+    with pytest.raises(
+        ConfigError, match=r"^SAPO_TRAINER_DEVICE=cuda:2: 2 CUDA device\(s\) visible \(cuda:0..cuda:1\)"
+    ):
+        require_device("cuda:2", "SAPO_TRAINER_DEVICE")

@@ -3,6 +3,7 @@ obsolete and duplicate items, failures, and groups that are the same whenever an
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -13,10 +14,13 @@ from transformers import PreTrainedTokenizerBase
 from sapo import wire
 from sapo.backends import Sample, TransformersBackend
 from sapo.generator import Item, group_id
+from sapo.generator.settings import GeneratorSettings
 from sapo.identity import NodeKey, Sender, TrustStore
 from sapo.kafka import Record
 from sapo.kafka.memory import MemoryConsumerClient
 from sapo.models import build_tiny_model
+from sapo.node.generator import GeneratorService
+from sapo.settings import ConfigError
 from sapo.tasks import EASY_PROFILE, MAX_POSITION, QuestionRecord, TaskStream, prompt_ids
 from sapo.v1 import rollout_pb2
 from tests.unit.generator.harness import (
@@ -335,3 +339,17 @@ def test_an_item_yields_the_same_group_whenever_and_with_whatever_it_is_sampled(
     assert a.prompt_token_ids == b.prompt_token_ids
     assert [list(c.token_ids) for c in a.completions] == [list(c.token_ids) for c in b.completions]
     assert all(len(c.logprobs) == len(c.token_ids) > 0 for c in a.completions)
+
+
+def test_the_preflight_names_a_missing_vllm_and_a_missing_device(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Both failed after the lease with a traceback (ModuleNotFoundError, AssertionError)."""
+    (tmp_path / "config.json").write_text("{}")  # an HF model directory, as vLLM takes
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    vllm = GeneratorSettings(node_id="n", model=str(tmp_path), backend="vllm")
+    with pytest.raises(ConfigError, match=r"^SAPO_GENERATOR_BACKEND=vllm: vLLM is not installed.*BACKEND=hf"):
+        GeneratorService.preflight(vllm)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"^SAPO_GENERATOR_DEVICE=cuda:0: .*set SAPO_GENERATOR_DEVICE=cpu"):
+        GeneratorService.preflight(GeneratorSettings(node_id="n", model="tiny:1", device="cuda:0"))
