@@ -105,6 +105,26 @@ def location(url: str | os.PathLike[str], storage_options: dict[str, Any] | None
     return Location(fs, str(path))
 
 
+def store_problem(url: str) -> str | None:
+    """Why the checkpoint store at `url` cannot be used, found without a request, or None: a protocol
+    fsspec does not know or whose package is not installed, a local directory that cannot be created
+    (it is made now, as the first write would) or written. Credentials and reachability of a remote
+    store show only on its first request."""
+    try:
+        where = location(url)
+    except (ValueError, ImportError) as exc:  # 'Protocol not known: foo', 'Please install gcsfs ...'
+        return str(exc)
+    if not where.local:
+        return None
+    try:
+        os.makedirs(where.path, exist_ok=True)
+    except OSError as exc:
+        return f"cannot create the directory {where.path} ({exc.strerror or exc})"
+    if not os.access(where.path, os.W_OK | os.X_OK):
+        return f"cannot write the directory {where.path}"
+    return None
+
+
 def write_file(
     directory: Location,
     name: str,

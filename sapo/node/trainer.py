@@ -50,7 +50,8 @@ from sapo.node.planner import WorkPlanner
 from sapo.node.quarantine import AttemptLog, is_poison, next_attempt
 from sapo.ops import Health
 from sapo.runtime import Runtime
-from sapo.settings import env_prefix
+from sapo.settings import ConfigError, env_prefix
+from sapo.storage import store_problem
 from sapo.topics import TopicNames
 from sapo.trainer import StepReport, Trainer, step_metrics
 from sapo.trainer.settings import TrainerSettings
@@ -157,10 +158,17 @@ class TrainerService:
 
     @staticmethod
     def preflight(settings: TrainerSettings) -> None:
-        """The model is on this machine: checked before any connection opens, so a missing one fails at
-        start with what to set."""
+        """The model and the device are on this machine and the checkpoint store can be used: checked
+        before any connection opens, so a missing one fails at start with what to set."""
         require_loadable(settings.model, f"{env_prefix(settings)}MODEL")
         require_device(settings.device, f"{env_prefix(settings)}DEVICE")
+        problem = store_problem(settings.checkpoint_root)
+        if problem is not None:
+            setting = f"{env_prefix(settings)}CHECKPOINT_ROOT"
+            raise ConfigError(
+                f"{setting}={settings.checkpoint_root!r}: {problem}; set {setting} to a writable directory "
+                "or a store URL fsspec reads (s3://bucket/prefix with s3fs installed)"
+            )
 
     @classmethod
     def from_runtime(cls, settings: TrainerSettings, runtime: Runtime) -> Self | None:

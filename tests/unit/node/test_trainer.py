@@ -18,6 +18,7 @@ from sapo.node.build import build_trainer
 from sapo.node.metrics import TrainerMetrics
 from sapo.node.trainer import TrainerService, offsets_beyond_end
 from sapo.ops import Health
+from sapo.settings import ConfigError
 from sapo.topics import TopicNames
 from sapo.trainer.settings import TrainerSettings
 from sapo.v1 import batch_pb2, policy_pb2, question_pb2
@@ -303,3 +304,28 @@ def test_a_quarantined_batch_is_counted_once_and_times_no_step() -> None:
     assert (batches("quarantined"), batches("empty"), batches("trained")) == (1, 0, 0)
     assert registry.get_sample_value("sapo_trainer_step_seconds_count") == 0
     assert registry.get_sample_value("sapo_trainer_policy_version") == 3
+
+
+@pytest.mark.parametrize(
+    ("root", "said"),
+    [
+        ("nosuch://bucket/ckpt", "Protocol not known: nosuch"),
+        ("/proc/sapo-ckpt", "cannot create the directory /proc/sapo-ckpt"),
+        ("{file}", "cannot create the directory"),
+    ],
+)
+def test_a_checkpoint_root_that_cannot_be_used_fails_the_preflight(
+    tmp_path: Path, root: str, said: str
+) -> None:
+    """The store was first touched after the lease, where these ended the trainer in a traceback."""
+    (tmp_path / "file").write_text("")
+    settings = TrainerSettings(
+        node_id="n", model="tiny:1", checkpoint_root=root.format(file=tmp_path / "file")
+    )
+    with pytest.raises(ConfigError) as error:
+        TrainerService.preflight(settings)
+    assert str(error.value).startswith("SAPO_TRAINER_CHECKPOINT_ROOT=") and said in str(error.value)
+    TrainerService.preflight(
+        TrainerSettings(node_id="n", model="tiny:1", checkpoint_root=str(tmp_path / "a" / "b"))
+    )
+    assert (tmp_path / "a" / "b").is_dir()
