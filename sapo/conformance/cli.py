@@ -31,7 +31,9 @@ from sapo.identity import IdentityError, TrustStore
 from sapo.identity.trustlist import build_store, load_trust_list
 from sapo.inspect.cli import add_connection_arguments, load_connection_settings
 from sapo.inspect.render import console_for
+from sapo.models.refs import ref_form_error
 from sapo.settings import ConfigError, KafkaConnection
+from sapo.storage import store_problem
 from sapo.topics import validate_node_id
 
 log = logging.getLogger("sapo.cli")
@@ -117,6 +119,20 @@ def _trust(path: Path | None) -> TrustStore | None:
         raise ConfigError(f"--trust-file {path}: {exc}") from None
 
 
+def generator_target(args: argparse.Namespace) -> GeneratorTarget:
+    """What the generator kit needs besides the connection, checked before it starts (and loads torch):
+    a usage error names the flag."""
+    if not (args.model and args.checkpoint_root):
+        raise ConfigError("the generator kit writes policy versions: pass --model and --checkpoint-root")
+    error = ref_form_error(args.model)
+    if error is not None:
+        raise ConfigError(f"--model: {error}")
+    problem = store_problem(args.checkpoint_root)
+    if problem is not None:
+        raise ConfigError(f"--checkpoint-root {args.checkpoint_root}: {problem}")
+    return GeneratorTarget(args.model, args.checkpoint_root, _trust(args.trust_file))
+
+
 def run_kit(target: Target, generator_target: GeneratorTarget | None = None) -> Results:
     """Drive the service named by `target.service`; the verdicts in order."""
     results = Results(target.service, target.node)
@@ -149,15 +165,13 @@ def run(args: argparse.Namespace) -> int:
         questions_per_round=settings.questions_per_round,
         fetch_wait_max_ms=settings.fetch_wait_max_ms,
     )
+    extra = generator_target(args) if args.service == "generator" else None
     log.info(
         "driving the %s of node %s (prefix %s) through the contract",
         target.service,
         target.node,
         target.prefix,
     )
-    extra = None
-    if args.model and args.checkpoint_root:
-        extra = GeneratorTarget(args.model, args.checkpoint_root, _trust(args.trust_file))
     results = run_kit(target, extra)
     if args.json:
         print(results.to_json())

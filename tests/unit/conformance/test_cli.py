@@ -3,7 +3,9 @@ kit's metadata requests too. No broker: the kit's topic reader is a fake that re
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
+from pathlib import Path
 from typing import NoReturn
 
 import pytest
@@ -45,3 +47,30 @@ def test_metadata_requests_wait_no_longer_than_the_timeout(
     monkeypatch.setattr(observe, "TopicReader", unreachable)
     assert main([*KIT, *flags]) == 1
     assert asked == [waited]
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        ([], "pass --model and --checkpoint-root"),
+        (["--model", "tiny:x", "--checkpoint-root", "{tmp}"], "--model: bad tiny model reference 'tiny:x'"),
+        (
+            ["--model", "tiny:1", "--checkpoint-root", "nosuch://b/c"],
+            "--checkpoint-root nosuch://b/c: Protocol",
+        ),
+        (
+            ["--model", "tiny:1", "--checkpoint-root", "{tmp}/file/ckpt"],
+            "--checkpoint-root {tmp}/file/ckpt: cannot",
+        ),
+    ],
+)
+def test_the_generator_kit_s_flags_are_usage_errors_before_it_starts(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path, flags: list[str], said: str
+) -> None:
+    """A store it cannot use ended the kit in a traceback once it had started (and loaded torch)."""
+    caplog.set_level(logging.INFO)
+    (tmp_path / "file").write_text("")
+    kit = ["conformance", "generator", "--node", "node-0", "--bootstrap", "127.0.0.1:1"]
+    assert main([*kit, *(f.format(tmp=tmp_path) for f in flags)]) == 2
+    assert said.format(tmp=tmp_path) in caplog.text
+    assert "driving the generator" not in caplog.text
