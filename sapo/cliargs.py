@@ -24,10 +24,17 @@ _LABEL: Final = re.compile(r"[A-Za-z0-9_-]{1,63}")
 _PORT: Final = re.compile(r"[0-9]+")
 
 
+MAX_INT = 2**31 - 1
+"""The largest count a flag takes: Kafka's partition counts are int32, and larger numbers overflowed
+the C integers they reach (an OverflowError traceback) rather than being refused."""
+
+
 def positive_int(value: str) -> int:
     number = int(value)
     if number < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {number}")
+    if number > MAX_INT:
+        raise argparse.ArgumentTypeError(f"must be <= {MAX_INT}, got {number}")
     return number
 
 

@@ -401,3 +401,22 @@ def test_a_scheme_mismatch_names_the_security_protocol_by_its_flag_or_variable(
         "  SAPO_INSPECT_KAFKA__SECURITY_PROTOCOL: Value error, KAFKA__BOOTSTRAP_SERVERS names"
         in error_lines(caplog)
     )
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["topics", "--bootstrap", "127.0.0.1:1", "--node", "node-0", "--partitions"],
+        ["topics", "--bootstrap", "127.0.0.1:1", "--node", "node-0", "--replication-factor"],
+        ["topics", "--bootstrap", "127.0.0.1:1", "--node", "node-0", "--work-partitions"],
+        ["inspect", "--bootstrap", "127.0.0.1:1", "swarm", "--last"],
+    ],
+)
+def test_a_count_no_c_integer_holds_is_a_usage_error_naming_the_flag(
+    capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    """They overflowed a C int inside the Kafka client or a deque: an OverflowError traceback."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command, "99999999999"])
+    assert exit_info.value.code == 2
+    assert f"argument {command[-1]}: must be <= 2147483647, got 99999999999" in capsys.readouterr().err
