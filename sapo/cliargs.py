@@ -38,11 +38,18 @@ def positive_int(value: str) -> int:
     return number
 
 
+MAX_SECONDS = (2**31 - 1) // 1000
+"""The longest wait a flag takes (~24.8 days): the Kafka client counts timeouts in int32 milliseconds,
+and a longer one failed at once, reported as the cluster not answering within it."""
+
+
 def positive_seconds(value: str) -> float:
     """A finite duration above 0: a negative wait was taken as "forever" by the Kafka client."""
     number = float(value)
     if not (math.isfinite(number) and number > 0):
         raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {value}")
+    if number > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_SECONDS} seconds (~24 days), got {value}")
     return number
 
 

@@ -420,3 +420,35 @@ def test_a_count_no_c_integer_holds_is_a_usage_error_naming_the_flag(
         main([*command, "99999999999"])
     assert exit_info.value.code == 2
     assert f"argument {command[-1]}: must be <= 2147483647, got 99999999999" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["topics", "--bootstrap", "127.0.0.1:1", "--node", "node-0"],
+        [
+            "keys",
+            "revoke",
+            "--bootstrap",
+            "127.0.0.1:1",
+            "--node",
+            "node-0",
+            "--key-id",
+            "0" * 32,
+            "--signer",
+            "k",
+        ],
+    ],
+)
+def test_a_timeout_beyond_the_kafka_client_s_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    """librdkafka counts in int32 milliseconds: a longer --timeout failed at once, reported as the
+    cluster not answering within it."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command, "--timeout", "2200000"])
+    assert exit_info.value.code == 2
+    assert (
+        "argument --timeout: must be at most 2147483 seconds (~24 days), got 2200000"
+        in capsys.readouterr().err
+    )
