@@ -25,7 +25,7 @@ from types import FrameType
 from confluent_kafka import KafkaError, KafkaException
 
 from sapo.broker import DEFAULT_HOST, STORAGE_URL, BrokerError, EmbeddedBroker
-from sapo.cliargs import bootstrap_servers, check_brokers, positive_int, positive_seconds
+from sapo.cliargs import bootstrap_servers, check_brokers, positive_int, positive_seconds, topic_prefix
 from sapo.clientlog import LIBRDKAFKA_LOG
 from sapo.conformance import cli as conformance_cli
 from sapo.experiment.shipped import scenario_names
@@ -152,7 +152,9 @@ def _add_topics_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_MAX_MESSAGE_BYTES,
         help="max.message.bytes of every topic: the services' MAX_MESSAGE_BYTES (default: %(default)s)",
     )
-    parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="topic name prefix (default: %(default)s)")
+    parser.add_argument(
+        "--prefix", type=topic_prefix, default=DEFAULT_PREFIX, help="topic name prefix (default: %(default)s)"
+    )
     parser.add_argument(
         "--timeout", type=positive_seconds, default=30.0, help="seconds to wait for the cluster"
     )

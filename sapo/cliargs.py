@@ -12,6 +12,8 @@ import socket
 from dataclasses import dataclass
 from typing import Final
 
+from sapo.topics import PREFIX_RE
+
 KAFKA_PORT: Final = 9092
 """librdkafka's port for a broker address that names none."""
 BROKER_SCHEMES: Final = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
@@ -51,6 +53,15 @@ def positive_seconds(value: str) -> float:
     if number > MAX_SECONDS:
         raise argparse.ArgumentTypeError(f"must be at most {MAX_SECONDS} seconds (~24 days), got {value}")
     return number
+
+
+def topic_prefix(value: str) -> str:
+    """`--prefix`: what every topic name starts with, checked as the flag is read."""
+    if not PREFIX_RE.fullmatch(value):
+        raise argparse.ArgumentTypeError(
+            f"invalid topic prefix {value!r}: use 1-64 ASCII letters, digits, '.', '_' or '-'"
+        )
+    return value
 
 
 @dataclass(frozen=True)

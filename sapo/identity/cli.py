@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from sapo.cliargs import bootstrap_servers, positive_seconds
+from sapo.cliargs import bootstrap_servers, positive_seconds, topic_prefix
 from sapo.identity.announce import add_statement, announcement, record_key, revoke_statement
 from sapo.identity.keys import (
     KEY_ID_RE,
@@ -101,7 +101,9 @@ def _add_kafka_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--bootstrap", type=bootstrap_servers, required=True, help="bootstrap.servers of the swarm cluster"
     )
-    parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="topic prefix (default: %(default)s)")
+    parser.add_argument(
+        "--prefix", type=topic_prefix, default=DEFAULT_PREFIX, help="topic prefix (default: %(default)s)"
+    )
     parser.add_argument("--timeout", type=positive_seconds, default=30.0, help="seconds to wait for the ack")
 
 

@@ -452,3 +452,33 @@ def test_a_timeout_beyond_the_kafka_client_s_is_a_usage_error(
         "argument --timeout: must be at most 2147483 seconds (~24 days), got 2200000"
         in capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["topics", "--bootstrap", "127.0.0.1:1", "--node", "node-0"],
+        ["keys", "announce", "--bootstrap", "127.0.0.1:1", "--node", "node-0", "--key", "k"],
+        [
+            "keys",
+            "revoke",
+            "--bootstrap",
+            "127.0.0.1:1",
+            "--node",
+            "node-0",
+            "--key-id",
+            "0" * 32,
+            "--signer",
+            "k",
+        ],
+    ],
+)
+@pytest.mark.parametrize("prefix", ["", "a b", "sapo\n"])
+def test_a_bad_prefix_is_a_usage_error_naming_the_flag(
+    capsys: pytest.CaptureFixture[str], command: list[str], prefix: str
+) -> None:
+    """`keys` ended in a ValueError traceback, `topics` in exit status 1 without naming the flag."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command, "--prefix", prefix])
+    assert exit_info.value.code == 2
+    assert f"argument --prefix: invalid topic prefix {prefix!r}" in capsys.readouterr().err
