@@ -54,10 +54,18 @@ def _key_id(value: str) -> str:
     return value
 
 
+def _new_key_path(value: str) -> Path:
+    """`keys generate PATH`: a path that names a file (its public half goes beside it as PATH.pub)."""
+    path = Path(value)
+    if not path.name:
+        raise argparse.ArgumentTypeError(f"{value!r} names no file: give the private key file to create")
+    return path
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
     gen = sub.add_parser("generate", help="write a new key pair (PATH mode 0600, PATH.pub)")
-    gen.add_argument("path", type=Path, help="private key file to create (never overwritten)")
+    gen.add_argument("path", type=_new_key_path, help="private key file to create (never overwritten)")
     gen.set_defaults(keys_run=_generate)
 
     show = sub.add_parser("show", help="print the key id and public key of a key file or public key")

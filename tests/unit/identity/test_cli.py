@@ -104,3 +104,14 @@ def test_admission_by_public_key_needs_an_admin(tmp_path: Path, caplog: pytest.L
     announce = ["keys", "announce", "--bootstrap", "127.0.0.1:1", "--node", "node-9"]
     assert main([*announce, "--public-key", f"{key_path}.pub"]) == 1  # refused before any broker is asked
     assert "needs --admin-key" in caplog.text
+
+
+@pytest.mark.parametrize("path", ["", "/"])
+def test_a_key_path_that_names_no_file_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], path: str
+) -> None:
+    """`keys generate ''` ended in a ValueError traceback (the public half's name is built from it)."""
+    with pytest.raises(SystemExit) as exc:
+        main(["keys", "generate", path])
+    assert exc.value.code == 2
+    assert f"argument path: {path!r} names no file" in capsys.readouterr().err
