@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -62,6 +63,19 @@ def _new_key_path(value: str) -> Path:
     return path
 
 
+MAX_OVERLAP_S = 100 * 365 * 86_400
+"""The longest rotation overlap: a retirement time beyond it left the protobuf Timestamp's range (a
+traceback), and no key pair is meant to outlive it."""
+
+
+def _overlap(value: str) -> float:
+    """`--overlap`: seconds, finite and at most a century (a negative one means none, as ever)."""
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds > MAX_OVERLAP_S:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds <= {MAX_OVERLAP_S}, got {value}")
+    return seconds
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
     gen = sub.add_parser("generate", help="write a new key pair (PATH mode 0600, PATH.pub)")
@@ -92,7 +106,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     ann.add_argument("--previous", type=Path, help="rotation: the node's current private key (signs)")
     ann.add_argument(
-        "--overlap", type=float, default=3600.0, help="rotation: seconds both keys stay valid (default 3600)"
+        "--overlap",
+        type=_overlap,
+        default=3600.0,
+        help="rotation: seconds both keys stay valid (default 3600)",
     )
     ann.add_argument("--admin-key", type=Path, help="admission: a swarm admin's private key (signs)")
     ann.set_defaults(keys_run=_announce)

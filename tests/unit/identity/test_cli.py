@@ -115,3 +115,19 @@ def test_a_key_path_that_names_no_file_is_a_usage_error(
         main(["keys", "generate", path])
     assert exc.value.code == 2
     assert f"argument path: {path!r} names no file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("overlap", ["nan", "inf", "1e300", "4e9"])
+def test_an_overlap_no_timestamp_holds_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], overlap: str
+) -> None:
+    """inf and 1e300 ended in an OverflowError traceback, 4e9 in a protobuf ValueError, and nan was
+    published as no overlap at all."""
+    announce = ["keys", "announce", "--bootstrap", "127.0.0.1:1", "--node", "node-0", "--key", "k"]
+    with pytest.raises(SystemExit) as exc:
+        main([*announce, "--previous", "old", "--overlap", overlap])
+    assert exc.value.code == 2
+    assert (
+        f"argument --overlap: must be a number of seconds <= 3153600000, got {overlap}"
+        in capsys.readouterr().err
+    )
