@@ -25,7 +25,14 @@ from types import FrameType
 from confluent_kafka import KafkaError, KafkaException
 
 from sapo.broker import DEFAULT_HOST, STORAGE_URL, BrokerError, EmbeddedBroker
-from sapo.cliargs import bootstrap_servers, check_brokers, positive_int, positive_seconds, topic_prefix
+from sapo.cliargs import (
+    bootstrap_servers,
+    check_brokers,
+    message_bytes,
+    positive_int,
+    positive_seconds,
+    topic_prefix,
+)
 from sapo.clientlog import LIBRDKAFKA_LOG
 from sapo.conformance import cli as conformance_cli
 from sapo.experiment.shipped import scenario_names
@@ -148,7 +155,7 @@ def _add_topics_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replication-factor", type=positive_int, default=1, help="replicas per partition")
     parser.add_argument(
         "--max-message-bytes",
-        type=positive_int,
+        type=message_bytes,
         default=DEFAULT_MAX_MESSAGE_BYTES,
         help="max.message.bytes of every topic: the services' MAX_MESSAGE_BYTES (default: %(default)s)",
     )

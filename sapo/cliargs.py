@@ -12,7 +12,7 @@ import socket
 from dataclasses import dataclass
 from typing import Final
 
-from sapo.topics import PREFIX_RE
+from sapo.topics import MAX_MESSAGE_BYTES, MIN_MESSAGE_BYTES, PREFIX_RE
 
 KAFKA_PORT: Final = 9092
 """librdkafka's port for a broker address that names none."""
@@ -43,6 +43,16 @@ def positive_int(value: str) -> int:
 MAX_SECONDS = (2**31 - 1) // 1000
 """The longest wait a flag takes (~24.8 days): the Kafka client counts timeouts in int32 milliseconds,
 and a longer one failed at once, reported as the cluster not answering within it."""
+
+
+def message_bytes(value: str) -> int:
+    """`--max-message-bytes`: within the bounds the services' MAX_MESSAGE_BYTES takes, so that they can
+    be given the value the topics were created with."""
+    number = int(value)
+    if not MIN_MESSAGE_BYTES <= number <= MAX_MESSAGE_BYTES:
+        bounds = f"{MIN_MESSAGE_BYTES}..{MAX_MESSAGE_BYTES}"
+        raise argparse.ArgumentTypeError(f"must be {bounds} (the services' MAX_MESSAGE_BYTES), got {number}")
+    return number
 
 
 def positive_seconds(value: str) -> float:

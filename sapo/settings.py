@@ -37,7 +37,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 from sapo.cliargs import broker_addresses, check_brokers
 from sapo.cpuslice import DEFAULT_SLICE_MS, MAX_SLICE_MS
 from sapo.identity.settings import IdentitySettings
-from sapo.topics import DEFAULT_MAX_MESSAGE_BYTES, NODE_ID_PATTERN
+from sapo.topics import DEFAULT_MAX_MESSAGE_BYTES, MAX_MESSAGE_BYTES, MIN_MESSAGE_BYTES, NODE_ID_PATTERN
 
 log = logging.getLogger(__name__)
 
@@ -341,8 +341,8 @@ class ServiceSettings(BaseSettings):
     )
     max_message_bytes: int = Field(
         DEFAULT_MAX_MESSAGE_BYTES,
-        ge=64 * 1024,
-        le=256 * 1024 * 1024,
+        ge=MIN_MESSAGE_BYTES,
+        le=MAX_MESSAGE_BYTES,
         description="Largest Kafka message this service produces: the brokers' and topics' limit (Apache "
         "Kafka's default ~1 MB; `sapo topics --max-message-bytes` and the chart's maxMessageBytes create "
         "topics with the same value). Larger payloads go out in chunks that consumers reassemble.",

@@ -35,6 +35,10 @@ DEFAULT_MAX_MESSAGE_BYTES: Final = 1024 * 1024
 """Apache Kafka's default per-message limit (~1 MB): what producers send at most, and what every topic
 is created to accept, unless one value (settings: MAX_MESSAGE_BYTES; `sapo topics
 --max-message-bytes`; the chart's `maxMessageBytes`) raises both. Larger payloads go out in chunks."""
+MIN_MESSAGE_BYTES: Final = 64 * 1024
+MAX_MESSAGE_BYTES: Final = 256 * 1024 * 1024
+"""The bounds of that one value wherever it is set (settings, `sapo topics`, the chart's schema): below,
+a chunk leaves no room for its headers; above, a single message outgrows what brokers are run with."""
 WORK_PARTITIONS: Final = 8
 """Default partitions of a node's work topic: the most generator replicas that share its work (a
 replica without a partition idles). Create the topic with more to run more replicas."""

@@ -482,3 +482,16 @@ def test_a_bad_prefix_is_a_usage_error_naming_the_flag(
         main([*command, "--prefix", prefix])
     assert exit_info.value.code == 2
     assert f"argument --prefix: invalid topic prefix {prefix!r}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["1", "65535", "268435457", "99999999999"])
+def test_max_message_bytes_the_services_refuse_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    """Topics were created with any value >= 1, which no service (MAX_MESSAGE_BYTES) nor the chart takes."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["topics", "--bootstrap", "127.0.0.1:1", "--node", "node-0", "--max-message-bytes", value])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --max-message-bytes: must be 65536..268435456 (the services' MAX_MESSAGE_BYTES)" in err
+    assert f"got {value}" in err
