@@ -95,19 +95,21 @@ def resolve_topics(specs: Sequence[str], prefix: str, existing: Callable[[], lis
 
 
 def parse_since(text: str, now_s: float) -> int:
-    """`--since`: `90s`, `10m`, `2h`, `1d` ago, or an ISO 8601 time (UTC when it has no zone); in ms."""
+    """`--since`: `90s`, `10m`, `2h`, `1d` ago, or an ISO 8601 time (UTC when it has no zone); in ms,
+    never before 1970: Kafka reads a negative time as a special offset (-1 the end, -2 the beginning) or
+    refuses it."""
     match = _DURATION_RE.match(text.strip())
     if match:
-        return int((now_s - float(match.group(1)) * _UNIT_S[match.group(2)]) * 1000)
+        return max(0, int((now_s - float(match.group(1)) * _UNIT_S[match.group(2)]) * 1000))
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is neither a duration (90s, 10m, 2h, 1d) nor an ISO 8601 time"
+            f"--since {text!r} is neither a duration (90s, 10m, 2h, 1d) nor an ISO 8601 time"
         ) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    return int(moment.timestamp() * 1000)
+    return max(0, int(moment.timestamp() * 1000))
 
 
 def _topic(text: str) -> str:

@@ -137,3 +137,14 @@ def test_bad_connection_settings_say_what_to_set(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("SAPO_INSPECT_KAFKA_BOOTSTRAP", "typo")
     with pytest.raises(ConfigError, match="unknown setting"):
         settings_from(args())
+
+
+def test_a_since_before_1970_reads_from_the_beginning() -> None:
+    """A negative time reached Kafka's offset lookup, which failed it as a broker transport failure
+    (`--since 9999999d`) or read -1 as the end of the topic."""
+    now = 1_700_000_000
+    assert parse_since("9999999d", now) == 0
+    assert parse_since("1900-01-01", now) == 0
+    assert parse_since("1969-12-31T23:59:59.999", now) == 0
+    with pytest.raises(argparse.ArgumentTypeError, match=r"^--since 'yesterday' is neither"):
+        parse_since("yesterday", now)
