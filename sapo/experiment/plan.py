@@ -177,7 +177,7 @@ def _read(name_or_path: str) -> tuple[dict[str, Any], str]:
         )
     try:
         data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(f"cannot read scenario {path}: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"scenario {path}: expected a mapping (see sapo.experiment.plan)")

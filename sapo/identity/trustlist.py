@@ -105,6 +105,8 @@ def load_trust_list(path: Path) -> TrustList:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:
         raise IdentityError(f"cannot read trust list {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise IdentityError(f"trust list {path} is not UTF-8 text: {exc}") from None
     except yaml.YAMLError as exc:
         raise IdentityError(f"trust list {path} is not YAML or JSON: {exc}") from None
     try:

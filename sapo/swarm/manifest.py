@@ -284,7 +284,7 @@ def validation_lines(exc: ValidationError) -> list[str]:
 def load_manifest(path: Path) -> SwarmManifest:
     try:
         data = yaml.safe_load(path.read_text())
-    except OSError as exc:
+    except (OSError, UnicodeDecodeError) as exc:  # a file that is not UTF-8 text, too
         raise ConfigError(f"cannot read swarm manifest {path}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"swarm manifest {path} is not valid YAML: {exc}") from None

@@ -211,3 +211,11 @@ def test_invocations_split_by_configuration_leave_the_whole_experiment_recorded(
     assert main([*args, "--eval-questions", "64"]) == 0
     plan = json.loads((tmp_path / "split" / "experiment.json").read_text())
     assert (list(plan["configs"]), plan["evaluation"]["questions"]) == (["4/4-guided"], 64)
+
+
+def test_a_scenario_that_is_not_utf8_text_says_so(tmp_path: Path) -> None:
+    """It ended `sapo experiment` in a UnicodeDecodeError traceback."""
+    path = tmp_path / "scenario.yaml"
+    path.write_bytes(b"\xff\xfe name: x")
+    with pytest.raises(ConfigError, match=f"^cannot read scenario {path}: 'utf-8' codec can't decode"):
+        load_scenario(str(path))

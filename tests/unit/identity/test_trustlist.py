@@ -107,3 +107,11 @@ def test_a_pin_that_the_trust_list_now_gives_to_another_node_fails_at_start() ->
     trust = TrustList().with_key("node-b", A.public_text)
     with pytest.raises(IdentityError, match="is node-b's, not node-a's"):
         build_store(trust, tofu=True, max_pinned_nodes=10, pins=pins)
+
+
+def test_a_trust_list_that_is_not_utf8_text_says_so(tmp_path: Path) -> None:
+    """It ended `sapo keys trust` and a sampler's start in a UnicodeDecodeError traceback."""
+    path = tmp_path / "trust.yaml"
+    path.write_bytes(b"\xff\xfe nodes: {}")
+    with pytest.raises(IdentityError, match=f"^trust list {path} is not UTF-8 text"):
+        load_trust_list(path)

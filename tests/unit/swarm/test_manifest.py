@@ -157,3 +157,11 @@ def test_samplers_accept_the_configurations_of_every_profile_in_the_swarm(tmp_pa
     wanted = config_digests(load_profile("easy:basic_arithmetic,calendar_arithmetic"))
     assert a.sampler.accepted_configs() == wanted
     assert not config_digests(load_profile("easy:propositional_logic")) & wanted
+
+
+def test_a_manifest_that_is_not_utf8_text_says_so(tmp_path: Path) -> None:
+    """It ended `sapo swarm` in a UnicodeDecodeError traceback."""
+    path = tmp_path / "swarm.yaml"
+    path.write_bytes(b"\xff\xfe name: x")
+    with pytest.raises(ConfigError, match=f"^cannot read swarm manifest {path}: 'utf-8' codec can't decode"):
+        load_manifest(path)
