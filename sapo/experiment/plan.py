@@ -197,7 +197,16 @@ def recorded_scenario(path: Path) -> Scenario | None:
     applied), or None for a directory written before scenarios existed."""
     if not path.is_file():
         return None
-    data = json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:  # not JSON, not UTF-8 text, unreadable
+        data = exc
+    if not isinstance(data, dict):
+        why = f" ({data})" if isinstance(data, Exception) else ""
+        raise ConfigError(
+            f"{path} is not the record `sapo experiment` writes{why}: repair or remove it, or give a "
+            "new --out"
+        )
     if "configs" not in data:
         return None
     overrides = data.pop("overrides", {})

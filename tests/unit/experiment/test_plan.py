@@ -16,6 +16,7 @@ from sapo.experiment.plan import (
     manifest_data,
     node_seed,
     parse_assignment,
+    recorded_scenario,
     run_name,
     select,
 )
@@ -219,3 +220,12 @@ def test_a_scenario_that_is_not_utf8_text_says_so(tmp_path: Path) -> None:
     path.write_bytes(b"\xff\xfe name: x")
     with pytest.raises(ConfigError, match=f"^cannot read scenario {path}: 'utf-8' codec can't decode"):
         load_scenario(str(path))
+
+
+@pytest.mark.parametrize("content", [b"garbage{", b"\xff", b"[]", b"5"])
+def test_a_corrupt_experiment_record_is_named_not_a_traceback(tmp_path: Path, content: bytes) -> None:
+    """A damaged experiment.json in --out ended every command on it in a JSONDecodeError (or
+    UnicodeDecodeError, TypeError) traceback."""
+    (tmp_path / "experiment.json").write_bytes(content)
+    with pytest.raises(ConfigError, match=r"experiment\.json is not the record `sapo experiment` writes"):
+        recorded_scenario(tmp_path / "experiment.json")
