@@ -21,6 +21,7 @@ from sapo.experiment.analysis import (
     write_report,
 )
 from sapo.experiment.results import BEGIN, END, write_results_table
+from sapo.settings import ConfigError
 from sapo.swarm.history import append_row
 
 EASY = ("basic_arithmetic", "calendar_arithmetic", "fraction_simplification", "propositional_logic")
@@ -229,3 +230,12 @@ def test_report_tables_plots_and_the_table_across_experiments(tmp_path: Path) ->
 def test_report_needs_finished_runs(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="no finished runs"):
         write_report(tmp_path, "# test")
+
+
+@pytest.mark.parametrize("summary", [b"garbage", b"\xff", b"[]", b'{"runs": 5}'])
+def test_a_damaged_summary_is_named_by_its_directory(tmp_path: Path, summary: bytes) -> None:
+    """`sapo results` ended in a JSONDecodeError, UnicodeDecodeError or TypeError traceback."""
+    (tmp_path / "exp-1").mkdir()
+    (tmp_path / "exp-1" / "summary.json").write_bytes(summary)
+    with pytest.raises(ConfigError, match=r"exp-1: its summary\.json or experiment\.json is not what"):
+        write_results_table(tmp_path)
