@@ -346,14 +346,23 @@ def _run_report(args: argparse.Namespace) -> int:
             "%s is no directory: give a run directory of `sapo swarm` (runs/<name>-<time>)", args.run_dir
         )
         return 1
-    totals = report.contribution_totals(args.run_dir)
+    try:
+        totals = report.contribution_totals(args.run_dir)
+        intake = report.intake_totals(args.run_dir)
+    except (ValueError, KeyError, TypeError) as exc:  # a record damaged or of another shape
+        log.error(
+            "%s: a step record is not what `sapo swarm` writes (%s: %s)",
+            args.run_dir,
+            type(exc).__name__,
+            exc,
+        )
+        return 1
     if not totals:
         log.error(
             "no contributions recorded under %s/steps: not a run directory, or no step trained", args.run_dir
         )
         return 1
     report.print_table(totals, sys.stdout)
-    intake = report.intake_totals(args.run_dir)
     if intake:
         report.print_intake(intake, sys.stdout)
     if not args.no_plot:

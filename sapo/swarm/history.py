@@ -91,10 +91,26 @@ def append_row(path: Path, row: dict[str, Any]) -> None:
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
-    """A node's jsonl record; a missing file is an empty record."""
+    """A node's jsonl record; a missing file is an empty record. ValueError naming the file and line
+    for a record that is not one JSON object per line."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    try:
+        lines = path.read_text().splitlines()
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text ({exc})") from None
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            raise ValueError(f"{path} line {number}: not JSON ({exc})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path} line {number}: not a JSON object")
+        rows.append(row)
+    return rows
 
 
 def own_round_rewards(rows: Sequence[dict[str, Any]], rounds: int) -> list[float]:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from sapo.cli import main
 from sapo.swarm.history import STEPS_DIR, append_row, read_rows, step_row
 from sapo.swarm.report import contribution_totals, intake_totals, plot, print_intake, print_table
 from sapo.v1 import batch_pb2, policy_pb2
@@ -107,3 +108,23 @@ def test_rows_from_before_contributions_were_recorded_count_nothing(tmp_path: Pa
     append_row(tmp_path / STEPS_DIR / "node-a.jsonl", row)
     assert read_rows(tmp_path / STEPS_DIR / "node-a.jsonl")
     assert contribution_totals(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (b'{"version": 1}\ngarbage\n', "node-a.jsonl line 2: not JSON"),
+        (b"\xff\n", "node-a.jsonl: not UTF-8 text"),
+        (b"[]\n", "node-a.jsonl line 1: not a JSON object"),
+        (b'{"contributions": 5}\n', "TypeError"),
+    ],
+)
+def test_a_damaged_step_record_is_named_not_a_traceback(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, content: bytes, said: str
+) -> None:
+    """`sapo report` ended in a JSONDecodeError, UnicodeDecodeError, AttributeError or TypeError
+    traceback on a step record it did not expect."""
+    (tmp_path / STEPS_DIR).mkdir()
+    (tmp_path / STEPS_DIR / "node-a.jsonl").write_bytes(content)
+    assert main(["report", str(tmp_path), "--no-plot"]) == 1
+    assert "a step record is not what `sapo swarm` writes" in caplog.text and said in caplog.text
