@@ -479,6 +479,8 @@ def load_settings(cls: type[S], flags: Mapping[str, str] | None = None, /, **ove
             env = f"{prefix}{path}" if path else prefix + "*"
             where = (flags or {}).get(".".join(str(p) for p in err["loc"]), env)
             hint = _COLLECTION_HINTS.get(err["type"], "") if isinstance(err.get("input"), str) else ""
+            if err["type"] == "extra_forbidden":
+                hint = _nested_hint(cls, path)
             lines.append(f"  {where}: {err['msg']} ({_shown_input(cls, err['loc'], err.get('input'))}){hint}")
         raise ConfigError("\n".join(lines)) from None
 
@@ -515,6 +517,20 @@ def env_source(cls: type[BaseSettings], loc: tuple[str, ...], environ: Mapping[s
         if name is not None:
             return name
     return None
+
+
+def _nested_hint(cls: type[BaseSettings], path: str) -> str:
+    """What a variable naming no field of a nested model (`KAFKA__BOOTSTRAP_SERVER`) most likely
+    misspells, else the fields that model has: "Extra inputs are not permitted" says neither."""
+    parent = path.rpartition("__")[0]
+    if not parent:
+        return ""
+    prefix = env_prefix(cls)
+    siblings = [name for name in env_fields(cls) if name.startswith(f"{parent}__")]
+    close = difflib.get_close_matches(path, siblings, n=1, cutoff=0.75)
+    if close:
+        return f"; did you mean {prefix}{close[0]}?"
+    return f"; {prefix}{parent}__ takes: {', '.join(name.rpartition('__')[2] for name in siblings)}"
 
 
 def _not_json(cls: type[BaseSettings], exc: SettingsError) -> str:

@@ -316,3 +316,25 @@ def test_bootstrap_servers_that_name_no_broker_are_refused(
         load_settings(DemoSettings)
     monkeypatch.setenv("SAPO_DEMO_SWARM_KAFKA__BOOTSTRAP_SERVERS", "b1:9092, b2:9092,")
     assert load_settings(DemoSettings).swarm_connection.bootstrap_servers == "b1:9092, b2:9092,"
+
+
+def test_a_misspelled_nested_variable_names_the_field_it_likely_means(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ "Extra inputs are not permitted" said neither what was meant nor what the model takes."""
+    monkeypatch.setenv("SAPO_SAMPLER_NODE_ID", "n")
+    monkeypatch.setenv("SAPO_SAMPLER_KAFKA__BOOTSTRAP_SERVER", "b:9092")
+    monkeypatch.setenv("SAPO_SAMPLER_WARM_START__XYZ", "1")
+    with pytest.raises(ConfigError) as error:
+        load_settings(SamplerSettings)
+    lines = str(error.value).splitlines()
+    assert any(
+        line.startswith("  SAPO_SAMPLER_KAFKA__BOOTSTRAP_SERVER: Extra inputs are not permitted")
+        and line.endswith("did you mean SAPO_SAMPLER_KAFKA__BOOTSTRAP_SERVERS?")
+        for line in lines
+    )
+    assert any(
+        line.startswith("  SAPO_SAMPLER_WARM_START__XYZ: ")
+        and line.endswith("SAPO_SAMPLER_WARM_START__ takes: ENABLED, MAX_AGE_S, MAX_GROUPS, MAX_BATCHES")
+        for line in lines
+    )
