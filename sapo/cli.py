@@ -77,8 +77,16 @@ def _node_id(value: str) -> str:
 # --- sapo broker ---------------------------------------------------------------------------------
 
 
+def _port(value: str) -> int:
+    """argparse type: a TCP port to listen on."""
+    port = int(value)
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"must be 1..65535 (leave --port out for a free one), got {port}")
+    return port
+
+
 def _add_broker_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--port", type=int, default=None, help="port to listen on (default: a free one)")
+    parser.add_argument("--port", type=_port, default=None, help="port to listen on (default: a free one)")
     parser.add_argument(
         "--host", default=DEFAULT_HOST, help="address to listen on and advertise (default: %(default)s)"
     )

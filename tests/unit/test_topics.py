@@ -495,3 +495,18 @@ def test_max_message_bytes_the_services_refuse_is_a_usage_error(
     err = capsys.readouterr().err
     assert "argument --max-message-bytes: must be 65536..268435456 (the services' MAX_MESSAGE_BYTES)" in err
     assert f"got {value}" in err
+
+
+@pytest.mark.parametrize("port", ["0", "-1", "65536"])
+def test_a_broker_port_out_of_range_is_a_usage_error_naming_the_flag(
+    capsys: pytest.CaptureFixture[str], port: str
+) -> None:
+    """It was refused as "port must be in 1..65535 (or None for a free one)", naming neither the flag
+    nor how to leave it out."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["broker", "--port", port])
+    assert exit_info.value.code == 2
+    assert (
+        f"argument --port: must be 1..65535 (leave --port out for a free one), got {port}"
+        in capsys.readouterr().err
+    )
