@@ -222,8 +222,21 @@ def _run_swarm(args: argparse.Namespace) -> int:
     return run_local(manifest, run_dir, in_process=args.in_process)
 
 
-def _int_list(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in text.split(",") if part.strip())
+MAX_SEED = 2**53
+"""The largest experiment seed: every node's stream seed (1000 x seed + node) stays a 63-bit integer."""
+
+
+def _seeds(text: str) -> tuple[int, ...]:
+    """argparse type of `--seeds`: comma-separated integers 0..MAX_SEED (a negative seed was refused
+    only as a node's SAPO_GENERATOR_NODE_SEED, with a number the user never typed)."""
+    seeds = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if not (part.isascii() and part.isdigit()) or int(part) > MAX_SEED:
+            raise argparse.ArgumentTypeError(f"seeds are integers 0..{MAX_SEED}, e.g. 0,1,2; got {part!r}")
+        seeds.append(int(part))
+    return tuple(seeds)
 
 
 def _add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
@@ -236,7 +249,7 @@ def _add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", type=Path, required=True, help="results directory (re-run to resume)")
     parser.add_argument("--configs", default=None, help="configurations to run, e.g. 8/0,4/4 (default: all)")
-    parser.add_argument("--seeds", type=_int_list, default=None, help="e.g. 0,1,2 (default: the scenario's)")
+    parser.add_argument("--seeds", type=_seeds, default=None, help="e.g. 0,1,2 (default: the scenario's)")
     parser.add_argument(
         "--rounds", type=positive_int, default=None, help="rounds per run (default: the scenario's)"
     )

@@ -229,3 +229,16 @@ def test_a_corrupt_experiment_record_is_named_not_a_traceback(tmp_path: Path, co
     (tmp_path / "experiment.json").write_bytes(content)
     with pytest.raises(ConfigError, match=r"experiment\.json is not the record `sapo experiment` writes"):
         recorded_scenario(tmp_path / "experiment.json")
+
+
+@pytest.mark.parametrize("seeds", ["-1", "0,-2", "a,b", "1.5", str(2**53 + 1)])
+def test_a_seed_that_is_not_a_non_negative_integer_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, seeds: str
+) -> None:
+    """A negative seed was refused only as a node's SAPO_GENERATOR_NODE_SEED, with a number never typed."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["experiment", "--out", str(tmp_path), "--plan-only", "--seeds", seeds])
+    assert exit_info.value.code == 2
+    assert (
+        "argument --seeds: seeds are integers 0..9007199254740992, e.g. 0,1,2; got" in capsys.readouterr().err
+    )
