@@ -422,24 +422,16 @@ def test_a_count_no_c_integer_holds_is_a_usage_error_naming_the_flag(
     assert f"argument {command[-1]}: must be <= 2147483647, got 99999999999" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(
-    "command",
-    [
-        ["topics", "--bootstrap", "127.0.0.1:1", "--node", "node-0"],
-        [
-            "keys",
-            "revoke",
-            "--bootstrap",
-            "127.0.0.1:1",
-            "--node",
-            "node-0",
-            "--key-id",
-            "0" * 32,
-            "--signer",
-            "k",
-        ],
-    ],
-)
+TOPICS_COMMAND = ["topics", "--bootstrap", "127.0.0.1:1", "--node", "node-0"]
+REVOKE_COMMAND = [
+    *("keys", "revoke", "--bootstrap", "127.0.0.1:1", "--node", "node-0"),
+    *("--key-id", "0" * 32, "--signer", "k"),
+]
+"""Commands that would reach for a cluster (nothing listens at 127.0.0.1:1): a usage error stops them
+first."""
+
+
+@pytest.mark.parametrize("command", [TOPICS_COMMAND, REVOKE_COMMAND])
 def test_a_timeout_beyond_the_kafka_client_s_is_a_usage_error(
     capsys: pytest.CaptureFixture[str], command: list[str]
 ) -> None:
@@ -457,20 +449,9 @@ def test_a_timeout_beyond_the_kafka_client_s_is_a_usage_error(
 @pytest.mark.parametrize(
     "command",
     [
-        ["topics", "--bootstrap", "127.0.0.1:1", "--node", "node-0"],
+        TOPICS_COMMAND,
         ["keys", "announce", "--bootstrap", "127.0.0.1:1", "--node", "node-0", "--key", "k"],
-        [
-            "keys",
-            "revoke",
-            "--bootstrap",
-            "127.0.0.1:1",
-            "--node",
-            "node-0",
-            "--key-id",
-            "0" * 32,
-            "--signer",
-            "k",
-        ],
+        REVOKE_COMMAND,
     ],
 )
 @pytest.mark.parametrize("prefix", ["", "a b", "sapo\n"])
