@@ -479,9 +479,10 @@ def load_settings(cls: type[S], flags: Mapping[str, str] | None = None, /, **ove
             env = f"{prefix}{path}" if path else prefix + "*"
             where = (flags or {}).get(".".join(str(p) for p in err["loc"]), env)
             hint = _COLLECTION_HINTS.get(err["type"], "") if isinstance(err.get("input"), str) else ""
-            if err["type"] == "extra_forbidden":
-                hint = _nested_hint(cls, path)
-            lines.append(f"  {where}: {err['msg']} ({_shown_input(cls, err['loc'], err.get('input'))}){hint}")
+            shown = _shown_input(cls, err["loc"], err.get("input"))
+            if err["type"] == "extra_forbidden":  # no field: perhaps a misspelled secret, never shown
+                hint, shown = _nested_hint(cls, path), "value not shown"
+            lines.append(f"  {where}: {err['msg']} ({shown}){hint}")
         raise ConfigError("\n".join(lines)) from None
 
 

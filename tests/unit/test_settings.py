@@ -338,3 +338,14 @@ def test_a_misspelled_nested_variable_names_the_field_it_likely_means(
         and line.endswith("SAPO_SAMPLER_WARM_START__ takes: ENABLED, MAX_AGE_S, MAX_GROUPS, MAX_BATCHES")
         for line in lines
     )
+
+
+def test_a_misspelled_nested_secret_is_not_printed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A variable no field takes may be a misspelled password: its value is never shown."""
+    monkeypatch.setenv("SAPO_SAMPLER_NODE_ID", "n")
+    monkeypatch.setenv("SAPO_SAMPLER_KAFKA__SASL_PASSWROD", "hunter2")
+    with pytest.raises(ConfigError) as error:
+        load_settings(SamplerSettings)
+    assert "SAPO_SAMPLER_KAFKA__SASL_PASSWROD: Extra inputs are not permitted" in str(error.value)
+    assert "did you mean SAPO_SAMPLER_KAFKA__SASL_PASSWORD?" in str(error.value)
+    assert "hunter2" not in str(error.value)
