@@ -55,11 +55,19 @@ def message_bytes(value: str) -> int:
     return number
 
 
-def positive_seconds(value: str) -> float:
-    """A finite duration above 0: a negative wait was taken as "forever" by the Kafka client."""
+def wall_seconds(value: str) -> float:
+    """A finite duration above 0 that the clock measures (`inspect --duration`): no Kafka client waits
+    for it, so it is not bounded by their int32 milliseconds."""
     number = float(value)
     if not (math.isfinite(number) and number > 0):
         raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {value}")
+    return number
+
+
+def positive_seconds(value: str) -> float:
+    """A finite duration above 0 that a Kafka client waits: a negative wait was taken as "forever" by
+    the client, and one beyond its int32 milliseconds failed at once."""
+    number = wall_seconds(value)
     if number > MAX_SECONDS:
         raise argparse.ArgumentTypeError(f"must be at most {MAX_SECONDS} seconds (~24 days), got {value}")
     return number

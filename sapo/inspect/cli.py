@@ -30,7 +30,7 @@ from typing import Any, Final, TypeVar
 
 from pydantic_settings import BaseSettings
 
-from sapo.cliargs import bootstrap_servers, positive_int, positive_seconds
+from sapo.cliargs import bootstrap_servers, positive_int, positive_seconds, wall_seconds
 from sapo.inspect.decode import to_entry
 from sapo.inspect.query import Filter, IntRange
 from sapo.inspect.reader import Bounds, InspectError, Start, Stats, TopicReader, read
@@ -221,7 +221,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     until.add_argument(
         "--max-messages", type=positive_int, metavar="N", help="stop after N matching messages"
     )
-    until.add_argument("--duration", type=positive_seconds, metavar="S", help="stop after S seconds")
+    until.add_argument("--duration", type=wall_seconds, metavar="S", help="stop after S seconds")
     until.add_argument(
         "--idle", type=positive_seconds, metavar="S", help="the end is S seconds without a message"
     )

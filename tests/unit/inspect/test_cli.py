@@ -148,3 +148,11 @@ def test_a_since_before_1970_reads_from_the_beginning() -> None:
     assert parse_since("1969-12-31T23:59:59.999", now) == 0
     with pytest.raises(argparse.ArgumentTypeError, match=r"^--since 'yesterday' is neither"):
         parse_since("yesterday", now)
+
+
+def test_a_duration_is_wall_time_not_bounded_by_the_kafka_clients_waits() -> None:
+    """--duration ends a --follow read by the clock; librdkafka's int32 milliseconds never see it, so a
+    month of watching is a valid value (it was refused as beyond ~24 days)."""
+    assert args("--follow", "--duration", "2592000").duration == 2_592_000.0
+    with pytest.raises(SystemExit):
+        args("--duration", "0")
