@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.scripts import load_script
+from tests.services import start_service
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,17 +103,7 @@ def test_a_service_with_a_malformed_broker_list_exits_naming_its_variable(
     and retry forever. (A name that does not resolve yet is no error for a service.)"""
     prefix = f"SAPO_{service.upper()}_"
     variable = f"{prefix}KAFKA__BOOTSTRAP_SERVERS"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(prefix)}
-    env |= {f"{prefix}NODE_ID": "node-a", variable: value}
-    out = subprocess.run(
-        [sys.executable, "-m", f"services.{service}.main"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-    )
+    out = start_service(service, {f"{prefix}NODE_ID": "node-a", variable: value})
     assert out.returncode == 1, out.stderr
     lines = out.stderr.splitlines()
     assert lines[0] == f"invalid configuration for {service.capitalize()}Settings:", out.stderr

@@ -5,12 +5,8 @@ from __future__ import annotations
 
 import collections
 import itertools
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -32,6 +28,7 @@ from sapo.sampler.settings import SamplerSettings
 from sapo.topics import TopicNames
 from sapo.v1 import batch_pb2, policy_pb2, rollout_pb2
 from sapo.wire import validate_batch
+from tests.services import start_service
 from tests.unit.sampler.builders import encoded, questions, real_group
 
 pytestmark = pytest.mark.unit
@@ -554,23 +551,13 @@ def test_a_sampler_whose_trust_list_is_missing_fails_at_start_before_any_connect
 ) -> None:
     """The lease needs a broker (a standby waits for one indefinitely): a trust list read only after it
     left a misconfigured sampler retrying an unreachable cluster instead of saying what to set."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SAPO_SAMPLER_")}
-    env |= {
+    variables = {
         "SAPO_SAMPLER_NODE_ID": "node-a",
         "SAPO_SAMPLER_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:1",  # nothing listens there
         "SAPO_SAMPLER_HTTP_HOST": "127.0.0.1",
         "SAPO_SAMPLER_HTTP_PORT": "0",
     } | {f"SAPO_SAMPLER_IDENTITY__{k}": v for k, v in identity.items()}
-    root = Path(__file__).resolve().parents[3]
-    out = subprocess.run(
-        [sys.executable, "-m", "services.sampler.main"],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-    )
+    out = start_service("sampler", variables)
     assert out.returncode == 1, out.stderr
     assert "SAPO_SAMPLER_IDENTITY: " in out.stderr and said in out.stderr
     assert "Traceback" not in out.stderr and "127.0.0.1:1" not in out.stderr  # no client was made
