@@ -127,7 +127,7 @@ def generators(bootstrap: str, node: str, replicas: int) -> Iterator[list[tuple[
     running = []
     for _ in range(replicas):
         runtime = start_runtime("generator", settings, install_signals=False)
-        core = GeneratorService.from_runtime(settings, runtime)
+        core = GeneratorService.prepare(settings)(runtime)
         thread = threading.Thread(target=core.run, name="generator", daemon=True)
         thread.start()
         running.append((runtime, core, thread))

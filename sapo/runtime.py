@@ -298,22 +298,16 @@ def configure(name: str, settings_class: type[S], argv: Sequence[str] | None = N
     return load_settings(settings_class)
 
 
-def serve(
-    name: str,
-    settings: S,
-    build: Callable[[S, Runtime], Service | None],
-    *,
-    preflight: Callable[[S], object] | None = None,
-) -> int:
-    """Run one service process; exit status 0 on a clean stop. `build` returns None when the process
-    was stopped while starting (nothing was consumed). `preflight` checks what must be on this machine
-    (a model, a key) before any connection opens, so its message (a `ConfigError`) is the last thing the
-    process prints rather than racing a Kafka client's connection log."""
-    if preflight is not None:
-        preflight(settings)
+def serve(name: str, settings: S, prepare: Callable[[S], Callable[[Runtime], Service | None]]) -> int:
+    """Run one service process; exit status 0 on a clean stop. `prepare` checks what must be on this
+    machine (a model, a key) before any connection opens, so its message (a `ConfigError`) is the last
+    thing the process prints rather than racing a Kafka client's connection log; it returns what builds
+    the service on the runtime, which returns None when the process was stopped while starting
+    (nothing was consumed)."""
+    build = prepare(settings)
     runtime = start_runtime(name, settings)
     try:
-        service = build(settings, runtime)
+        service = build(runtime)
         if service is None:
             return 0
         freeze_startup_objects()

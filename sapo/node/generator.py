@@ -25,6 +25,7 @@ Delivery semantics:
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import statistics
@@ -182,10 +183,11 @@ class GeneratorService:
         self.generated = 0
         """Groups generated and acknowledged by the broker since start."""
 
-    @staticmethod
-    def preflight(settings: GeneratorSettings) -> HeaderSigner | None:
+    @classmethod
+    def prepare(cls, settings: GeneratorSettings) -> Callable[[Runtime], Self]:
         """The node's signing key, its model and where the model runs (the device, or vLLM), checked
-        before anything slow or connected: any missing fails at start saying what to set."""
+        before anything slow or connected: any missing fails at start saying what to set. Returns what
+        wires the service to a runtime (`from_runtime`) with the key read here."""
         try:
             signer = settings.identity.signer()
         except IdentityError as exc:
@@ -200,14 +202,15 @@ class GeneratorService:
                 )
         else:
             require_device(settings.device, f"{prefix}DEVICE")
-        return signer
+        return functools.partial(cls.from_runtime, settings, signer=signer)
 
     @classmethod
-    def from_runtime(cls, settings: GeneratorSettings, runtime: Runtime) -> Self:
+    def from_runtime(
+        cls, settings: GeneratorSettings, runtime: Runtime, *, signer: HeaderSigner | None
+    ) -> Self:
         """Wire the service to the process's runtime: model, policy follower, publishers, metrics, health."""
         runtime.health.require(MODEL_LOADED, WEIGHTS_OK)
         runtime.health.set_max_silence(settings.liveness_timeout_s)
-        signer = cls.preflight(settings)
         backend = build_backend(settings)
         runtime.health.set(MODEL_LOADED, True)
         metrics = GeneratorMetrics(runtime.registry, [spec.name for spec in settings.task_profile()])

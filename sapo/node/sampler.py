@@ -233,21 +233,25 @@ class SamplerService:
                 max_payload_bytes=settings.max_payload_bytes,
             )
 
-    @staticmethod
-    def preflight(settings: SamplerSettings) -> None:
+    @classmethod
+    def prepare(cls, settings: SamplerSettings) -> Callable[[Runtime], Self | None]:
         """The trust list (and pins) identity needs, read before any connection opens: a missing or
-        broken one fails at start saying what to set, not once the lease is taken."""
-        trust_store(settings)
+        broken one fails at start saying what to set, not once the lease is taken. Returns what wires
+        the service to a runtime (`from_runtime`) with the trust store read here; the keys topic keeps
+        it current from then on."""
+        return functools.partial(cls.from_runtime, settings, trust=trust_store(settings))
 
     @classmethod
-    def from_runtime(cls, settings: SamplerSettings, runtime: Runtime) -> Self | None:
+    def from_runtime(
+        cls, settings: SamplerSettings, runtime: Runtime, *, trust: TrustStore | None
+    ) -> Self | None:
         """Take the node's sampler lease (a standby waits), recover the history from the batch topic,
         then wire the service; None if stopped meanwhile."""
         lease = node_lease(runtime, settings, SERVICE)
         if not lease.acquire():  # recovery reads the batch topic only once no other sampler writes it
             return None
         runtime.health.require("partitions_assigned", "recovered")  # after: a standby is ready
-        identity = identity_gate(runtime, settings)
+        identity = None if trust is None else identity_gate(runtime, settings, trust)
         history = read_history(
             runtime.consumer("sampler-recovery", per_process=True),
             runtime.topics.batches,
@@ -544,11 +548,8 @@ def trust_store(settings: SamplerSettings) -> TrustStore | None:
         raise ConfigError(f"SAPO_SAMPLER_IDENTITY: {exc}") from None
 
 
-def identity_gate(runtime: Runtime, settings: SamplerSettings) -> IdentityGate | None:
-    """The trust store, its keys-topic follower and metrics; None with identity off."""
-    store = trust_store(settings)
-    if store is None:
-        return None
+def identity_gate(runtime: Runtime, settings: SamplerSettings, store: TrustStore) -> IdentityGate:
+    """The trust store's gate: its keys-topic follower and metrics."""
     metrics = IdentityMetrics(runtime.registry, SERVICE)
     follower = None
     if settings.identity.keys_topic:

@@ -20,6 +20,7 @@ Delivery semantics (docs/architecture.md, Delivery; the training side is in `sap
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -156,10 +157,11 @@ class TrainerService:
         health.require(*READY_CONDITIONS)
         health.set_max_silence(settings.step_max_silence_s)  # model loading and resume come first
 
-    @staticmethod
-    def preflight(settings: TrainerSettings) -> None:
+    @classmethod
+    def prepare(cls, settings: TrainerSettings) -> Callable[[Runtime], Self | None]:
         """The model and the device are on this machine and the checkpoint store can be used: checked
-        before any connection opens, so a missing one fails at start with what to set."""
+        before any connection opens, so a missing one fails at start with what to set. Returns what
+        wires the service to a runtime (`from_runtime`)."""
         require_loadable(settings.model, f"{env_prefix(settings)}MODEL")
         require_device(settings.device, f"{env_prefix(settings)}DEVICE")
         problem = store_problem(settings.checkpoint_root)
@@ -169,12 +171,12 @@ class TrainerService:
                 f"{setting}={settings.checkpoint_root!r}: {problem}; set {setting} to a writable directory "
                 "or a store URL fsspec reads (s3://bucket/prefix with s3fs installed)"
             )
+        return functools.partial(cls.from_runtime, settings)
 
     @classmethod
     def from_runtime(cls, settings: TrainerSettings, runtime: Runtime) -> Self | None:
         """Take the node's trainer lease (a standby waits), load the model, resume (or write version 0)
         and announce it: ready to consume. None when stopped while waiting for the lease."""
-        cls.preflight(settings)  # a model that is not on this machine fails before the lease
         lease = node_lease(runtime, settings, SERVICE)
         if not lease.acquire():  # resume reads the store only once no other trainer writes it
             return None

@@ -11,7 +11,7 @@ def main() -> int:
     # After the settings: the service loads torch and transformers (seconds), bad settings fail before.
     from sapo.node.generator import GeneratorService
 
-    return serve("generator", settings, GeneratorService.from_runtime, preflight=GeneratorService.preflight)
+    return serve("generator", settings, GeneratorService.prepare)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from sapo.sampler.settings import SamplerSettings
 
 def main() -> int:
     settings = configure("sampler", SamplerSettings)
-    return serve("sampler", settings, SamplerService.from_runtime, preflight=SamplerService.preflight)
+    return serve("sampler", settings, SamplerService.prepare)
 
 
 if __name__ == "__main__":

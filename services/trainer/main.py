@@ -11,7 +11,7 @@ def main() -> int:
     # After the settings: the service loads torch and transformers (seconds), bad settings fail before.
     from sapo.node.trainer import TrainerService
 
-    return serve("trainer", settings, TrainerService.from_runtime, preflight=TrainerService.preflight)
+    return serve("trainer", settings, TrainerService.prepare)
 
 
 if __name__ == "__main__":

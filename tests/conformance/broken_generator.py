@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Callable
 
 from sapo.generator.settings import GeneratorSettings
 from sapo.kafka import Disposition, Record
@@ -26,13 +27,18 @@ class VersionBlindGenerator(GeneratorService):
         return disposition
 
 
-def unsigned(settings: GeneratorSettings, runtime: Runtime) -> GeneratorService:
-    service = GeneratorService.from_runtime(settings, runtime)
-    service._signer = None  # the breakage under test
-    return service
+def unsigned(settings: GeneratorSettings) -> Callable[[Runtime], GeneratorService]:
+    build = GeneratorService.prepare(settings)
+
+    def unsigned_service(runtime: Runtime) -> GeneratorService:
+        service = build(runtime)
+        service._signer = None  # the breakage under test
+        return service
+
+    return unsigned_service
 
 
 if __name__ == "__main__":
     mode = sys.argv[1]
-    build = VersionBlindGenerator.from_runtime if mode == "versions" else unsigned
-    raise SystemExit(serve("generator", configure("generator", GeneratorSettings, argv=[]), build))
+    prepare = VersionBlindGenerator.prepare if mode == "versions" else unsigned
+    raise SystemExit(serve("generator", configure("generator", GeneratorSettings, argv=[]), prepare))

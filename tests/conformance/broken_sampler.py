@@ -17,4 +17,4 @@ class EarlyCommitSampler(SamplerService):
 
 
 if __name__ == "__main__":
-    raise SystemExit(serve("sampler", configure("sampler", SamplerSettings), EarlyCommitSampler.from_runtime))
+    raise SystemExit(serve("sampler", configure("sampler", SamplerSettings), EarlyCommitSampler.prepare))

@@ -38,4 +38,4 @@ class UncheckpointedTrainer(TrainerService):
 
 if __name__ == "__main__":
     broken = {"twice": TwiceTrainer, "no-checkpoint": UncheckpointedTrainer}[sys.argv[1]]
-    raise SystemExit(serve("trainer", configure("trainer", TrainerSettings, argv=[]), broken.from_runtime))
+    raise SystemExit(serve("trainer", configure("trainer", TrainerSettings, argv=[]), broken.prepare))

@@ -30,5 +30,5 @@ class FailingStepTrainer(TrainerService):
 
 if __name__ == "__main__":
     raise SystemExit(
-        serve("trainer", configure("trainer", TrainerSettings, argv=[]), FailingStepTrainer.from_runtime)
+        serve("trainer", configure("trainer", TrainerSettings, argv=[]), FailingStepTrainer.prepare)
     )

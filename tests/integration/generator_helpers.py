@@ -104,7 +104,7 @@ class ThreadedGenerator:
         handlers, level = root.handlers[:], root.level
         self.runtime: Runtime = start_runtime("generator", settings, install_signals=False)
         root.handlers[:], root.level = handlers, level  # keep pytest's log capture
-        self.core = GeneratorService.from_runtime(settings, self.runtime)
+        self.core = GeneratorService.prepare(settings)(self.runtime)
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="generator", daemon=True)
 

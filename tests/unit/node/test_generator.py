@@ -341,7 +341,7 @@ def test_an_item_yields_the_same_group_whenever_and_with_whatever_it_is_sampled(
     assert all(len(c.logprobs) == len(c.token_ids) > 0 for c in a.completions)
 
 
-def test_the_preflight_names_a_missing_vllm_and_a_missing_device(
+def test_prepare_names_a_missing_vllm_and_a_missing_device(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Both failed after the lease with a traceback (ModuleNotFoundError, AssertionError)."""
@@ -349,7 +349,7 @@ def test_the_preflight_names_a_missing_vllm_and_a_missing_device(
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     vllm = GeneratorSettings(node_id="n", model=str(tmp_path), backend="vllm")
     with pytest.raises(ConfigError, match=r"^SAPO_GENERATOR_BACKEND=vllm: vLLM is not installed.*BACKEND=hf"):
-        GeneratorService.preflight(vllm)
+        GeneratorService.prepare(vllm)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match=r"^SAPO_GENERATOR_DEVICE=cuda:0: .*set SAPO_GENERATOR_DEVICE=cpu"):
-        GeneratorService.preflight(GeneratorSettings(node_id="n", model="tiny:1", device="cuda:0"))
+        GeneratorService.prepare(GeneratorSettings(node_id="n", model="tiny:1", device="cuda:0"))

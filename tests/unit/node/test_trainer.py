@@ -314,18 +314,16 @@ def test_a_quarantined_batch_is_counted_once_and_times_no_step() -> None:
         ("{file}", "cannot create the directory"),
     ],
 )
-def test_a_checkpoint_root_that_cannot_be_used_fails_the_preflight(
-    tmp_path: Path, root: str, said: str
-) -> None:
+def test_a_checkpoint_root_that_cannot_be_used_fails_prepare(tmp_path: Path, root: str, said: str) -> None:
     """The store was first touched after the lease, where these ended the trainer in a traceback."""
     (tmp_path / "file").write_text("")
     settings = TrainerSettings(
         node_id="n", model="tiny:1", checkpoint_root=root.format(file=tmp_path / "file")
     )
     with pytest.raises(ConfigError) as error:
-        TrainerService.preflight(settings)
+        TrainerService.prepare(settings)
     assert str(error.value).startswith("SAPO_TRAINER_CHECKPOINT_ROOT=") and said in str(error.value)
-    TrainerService.preflight(
+    TrainerService.prepare(
         TrainerSettings(node_id="n", model="tiny:1", checkpoint_root=str(tmp_path / "a" / "b"))
     )
     assert (tmp_path / "a" / "b").is_dir()
