@@ -64,9 +64,15 @@ def tansu_binary() -> Path:
     return binary
 
 
+def address(host: str, port: int) -> str:
+    """`host:port`, an IPv6 address in brackets (as URLs and `bootstrap.servers` write it)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def free_port(host: str = DEFAULT_HOST) -> int:
     """A port the OS considers free right now (another process may still take it before we bind)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
         try:
             sock.bind((host, 0))
         except OSError as exc:  # an unknown host name, an address not of this machine
@@ -83,7 +89,7 @@ def probe_cluster_id(bootstrap: str, timeout_s: float) -> str | None:
     """
     host, _, port = bootstrap.rpartition(":")
     try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
     except OSError:
         return None
     admin = AdminClient({"bootstrap.servers": bootstrap}, logger=LIBRDKAFKA_LOG)
@@ -175,7 +181,7 @@ class EmbeddedBroker:
         """`host:port` for `bootstrap.servers`; only valid while running."""
         if self._port is None:
             raise BrokerError("the broker is not running; call start() first")
-        return f"{self._host}:{self._port}"
+        return address(self._host, self._port)
 
     @property
     def cluster_id(self) -> str:
@@ -232,7 +238,7 @@ class EmbeddedBroker:
             fd, name = tempfile.mkstemp(prefix="tansu-", suffix=".log")
             os.close(fd)
             self._log_path = Path(name)
-        url = f"tcp://{self._host}:{port}"
+        url = f"tcp://{address(self._host, port)}"
         command = [
             str(binary),
             "broker",
@@ -314,7 +320,7 @@ class EmbeddedBroker:
                 log.warning("tansu ignored SIGTERM for %.1f s; killing it", self._stop_grace_s)
                 process.kill()
                 process.wait()
-            log.info("embedded broker at %s:%s stopped", self._host, self._port)
+            log.info("embedded broker on %s port %s stopped", self._host, self._port)
         self._port = None
         self._cluster_id = None
 

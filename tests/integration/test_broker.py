@@ -36,6 +36,19 @@ def test_broker_starts_and_answers_with_its_cluster_id() -> None:
         assert probe_cluster_id(broker.bootstrap, timeout_s=5.0) == broker.cluster_id
 
 
+def test_an_ipv6_host_is_bracketed_for_tansu_and_clients() -> None:
+    """`--host ::1` used to reach tansu as `tcp://::1:PORT`, which it refuses."""
+    with EmbeddedBroker(host="::1") as broker:
+        assert broker.bootstrap.startswith("[::1]:")
+        create_topics(broker.bootstrap, "v6")
+        producer = Producer({"bootstrap.servers": broker.bootstrap})
+        producer.produce("v6", b"over ipv6")
+        assert producer.flush(10) == 0
+        assert [r.value for r in read_topic(broker.bootstrap, "v6", profile=ConsumerProfile.local())] == [
+            b"over ipv6"
+        ]
+
+
 def test_two_brokers_get_different_ports_and_cluster_ids() -> None:
     with EmbeddedBroker() as first, EmbeddedBroker() as second:
         assert first.bootstrap != second.bootstrap
