@@ -41,7 +41,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -56,6 +56,7 @@ SERVICE_KEYS = ("generator", "sampler", "trainer")
 _MIX = re.compile(r"^(\d+)/(\d+)$")
 _CONFIG_NAME = r"^[a-z0-9][a-z0-9/_-]{0,31}$"
 _GROUP_NAME = r"^[a-z][a-z0-9]{0,15}$"
+M = TypeVar("M", bound=BaseModel)
 
 
 class Evaluation(BaseModel):
@@ -284,7 +285,7 @@ def select(
     if nodes is not None:
         if len(groups) != 1:
             raise ConfigError(f"--nodes resizes one-group scenarios only; {scenario.name} has node groups")
-        groups = (groups[0].model_copy(update={"count": nodes}),)
+        groups = (_updated(groups[0], {"count": nodes}, {"count": "--nodes"}),)
     merged = dict(scenario.overrides)
     for key, value in (overrides or {}).items():
         merged[key] = value
@@ -296,7 +297,7 @@ def select(
         comparisons=comparisons,
         groups=groups,
         overrides=merged,
-        evaluation=scenario.evaluation.model_copy(update=dict(evaluation or {})),
+        evaluation=_updated(scenario.evaluation, evaluation or {}, _EVALUATION_FLAGS),
         confirm=scenario.confirm if scenario.confirm in chosen else None,
     )
     if sum(g.count for g in result.groups) < 2:
@@ -304,6 +305,20 @@ def select(
     for name in chosen.keys() - scenario.configs.keys():
         _check_mix(result, name)
     return result
+
+
+_EVALUATION_FLAGS = {"questions": "--eval-questions", "samples": "--eval-samples"}
+
+
+def _updated(model: M, update: Mapping[str, Any], flags: Mapping[str, str]) -> M:
+    """`model` with `update` applied and validated again (its bounds hold for command-line values too);
+    a value out of bounds is a ConfigError naming its flag (`flags`: field -> flag)."""
+    try:
+        return type(model).model_validate(model.model_dump() | dict(update))
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        name = str(error["loc"][0])
+        raise ConfigError(f"{flags.get(name, name)} {update.get(name)}: {error['msg']}") from None
 
 
 def widened(

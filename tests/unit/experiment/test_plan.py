@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -144,6 +145,21 @@ def test_a_bad_service_setting_fails_at_plan_time_naming_it(tmp_path: Path) -> N
         select(load_scenario("homogeneous"), configs=["4/4-guided"])
     with pytest.raises(ConfigError, match="one-group scenarios"):
         select(load_scenario("silo"), nodes=2)
+
+
+@pytest.mark.parametrize(
+    ("selection", "message"),
+    [
+        ({"nodes": 1001}, r"^--nodes 1001: .*less than or equal to 1000"),
+        ({"evaluation": {"questions": 100_001}}, r"^--eval-questions 100001: .*less than or equal to 100000"),
+        ({"evaluation": {"samples": 0}}, r"^--eval-samples 0: .*greater than or equal to 1"),
+    ],
+)
+def test_command_line_sizes_keep_the_scenario_files_bounds(selection: dict[str, Any], message: str) -> None:
+    """They bypassed the bounds a scenario file is held to: `--nodes 99999` planned for minutes."""
+    with pytest.raises(ConfigError, match=message):
+        select(load_scenario("cpu"), **selection)
+    assert select(load_scenario("cpu"), nodes=1000, evaluation={"samples": 256}).groups[0].count == 1000
 
 
 def test_a_mix_from_configs_the_nodes_cannot_run_names_the_flag_and_what_it_allows(
