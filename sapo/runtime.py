@@ -217,15 +217,16 @@ def start_runtime(service: str, settings: ServiceSettings, *, install_signals: b
     stop = StopFlag()
     if install_signals:
         install_signal_handlers(stop)
+    # The clients first: one refusing its settings ends the start before a port file names a server.
+    publisher = open_publisher(settings, transport)
+    swarm_publisher = (
+        publisher if settings.swarm_kafka is None else open_publisher(settings, transport, swarm=True)
+    )
     ops = open_ops_server(settings, registry, health)
     log.info("ops server on :%d (/metrics /healthz /readyz)", ops.port)
     if settings.http_port_file is not None:
         write_port_file(settings, ops.port)
     limit = settings.max_message_bytes
-    publisher = open_publisher(settings, transport)
-    swarm_publisher = (
-        publisher if settings.swarm_kafka is None else open_publisher(settings, transport, swarm=True)
-    )
     topics = TopicNames.for_node(settings.node_id, settings.topic_prefix)
     return Runtime(
         service=service,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from pydantic_settings import SettingsConfigDict
 
 from sapo.kafka import TransportMetrics
 from sapo.ops import Health
-from sapo.runtime import open_ops_server, open_publisher, write_port_file
+from sapo.runtime import open_ops_server, open_publisher, start_runtime, write_port_file
 from sapo.sampler.settings import SamplerSettings
 from sapo.settings import (
     ConfigError,
@@ -303,6 +304,24 @@ def test_the_port_file_holds_the_bound_port(monkeypatch: pytest.MonkeyPatch, tmp
     write_port_file(load_settings(DemoSettings), 8123)
     assert (tmp_path / "port").read_text() == "8123"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["port"]
+
+
+def test_a_refused_client_setting_ends_the_start_before_the_port_file_is_written(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The file used to stay behind naming a port nothing served, which a supervisor then polled."""
+    monkeypatch.setenv("SAPO_DEMO_NODE_ID", "n")
+    monkeypatch.setenv("SAPO_DEMO_HTTP_PORT", "0")
+    monkeypatch.setenv("SAPO_DEMO_HTTP_PORT_FILE", str(tmp_path / "port"))
+    monkeypatch.setenv("SAPO_DEMO_KAFKA__EXTRA", '{"no.such.property": "1"}')
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        with pytest.raises(ConfigError, match=r"^SAPO_DEMO_KAFKA__\*: "):
+            start_runtime("demo", load_settings(DemoSettings), install_signals=False)
+    finally:
+        root.handlers[:], root.level = handlers, level  # keep pytest's log capture
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("value", [" ", "\t", ",", " , "])
