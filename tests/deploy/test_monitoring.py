@@ -195,6 +195,22 @@ def test_a_stalled_alert_waits_out_its_window_after_a_start(duration: str, secon
     )
 
 
+def test_alerts_select_the_jobs_of_the_services_a_long_release_name_gets() -> None:
+    """The ServiceMonitor's job is the Service name, which a long fullname shortens to fit 63
+    characters: every job an alert selects must be one of the rendered Services."""
+    docs = render(None, "prometheusRule.enabled=true", "fullnameOverride=" + "n" * 63)
+    services = {svc["metadata"]["name"] for svc in of_kind(docs, "Service")}
+    (rule,) = of_kind(docs, "PrometheusRule")
+    selected = {
+        job
+        for group in rule["spec"]["groups"]
+        for alert in group["rules"]
+        for matcher in re.findall(r'\bjob=~?"([^"]+)"', alert["expr"])
+        for job in matcher.split("|")
+    }
+    assert selected == services
+
+
 def test_promtool_check_rules(tmp_path: Path) -> None:
     promtool = require_tool("promtool")
     rules = tmp_path / "sapo-node.rules.yaml"
