@@ -353,6 +353,17 @@ def test_install_notes_create_topics_that_take_the_message_size_and_name_the_use
     assert "writes no credentials" in external and "writes its credentials" not in external
 
 
+def test_install_notes_ask_to_copy_the_strimzi_secrets_into_the_release_namespace() -> None:
+    """A KafkaUser's Secret and Strimzi's cluster CA Secret live in the Kafka namespace, which pods
+    of another namespace cannot mount."""
+    apart = install_notes("kafkaUser.enabled=true", "strimzi.namespace=kafka", "strimzi.clusterName=main")
+    copy = "copy the user's Secret and the cluster CA Secret\n  (main-cluster-ca-cert)"
+    assert f"{copy} from kafka into {NAMESPACE}" in apart
+    assert "copy the user's Secret" not in install_notes(
+        "kafkaUser.enabled=true", f"strimzi.namespace={NAMESPACE}"
+    )
+
+
 # --- env contract --------------------------------------------------------------------------------
 
 
