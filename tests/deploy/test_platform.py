@@ -315,6 +315,20 @@ def test_network_policy_allows_dns_kafka_and_scrapes_only() -> None:
         assert [p["port"] for p in policy["spec"]["egress"][-1]["ports"]] == ports, endpoint
 
 
+def test_network_policy_lets_the_services_reach_their_bootstrap_servers() -> None:
+    """A managed Kafka listens on ports of its own (9094, 9096, ...): the egress rule takes the
+    bootstrap servers' ports, of the swarm's cluster too, next to networkPolicy.kafka.ports."""
+    sets = (
+        "networkPolicy.enabled=true",
+        "kafka.bootstrapServers=b-1.msk.example.com:9096\\,b-2.msk.example.com:9096",
+        "swarmKafka.enabled=true",
+        "swarmKafka.bootstrapServers=[fd00::1]:29092",
+    )
+    (policy,) = of_kind(render(None, *sets), "NetworkPolicy")
+    _dns, kafka = policy["spec"]["egress"]
+    assert [p["port"] for p in kafka["ports"]] == [9092, 9093, 9096, 29092]
+
+
 def test_priority_runtime_class_and_spreading() -> None:
     docs = render(PLATFORM)
     for service in SERVICES:
