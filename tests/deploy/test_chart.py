@@ -543,6 +543,8 @@ def test_settings_at_their_bounds_or_given_as_text_install(tmp_path: Path) -> No
             "is on no volume that outlives the sampler pod",  # the default cache is an emptyDir
         ),
         (("trainer.standby=true",), "trainer.standby needs checkpoints.url or a ReadWriteMany claim"),
+        (("checkpoints.endpoint=http://minio:9000",), "checkpoints.endpoint is for an object store"),
+        (("checkpoints.region=eu-west-1",), "checkpoints.region is for an object store"),
         (
             ("kafkaTopics.enabled=true", "generator.replicas=12"),
             "generator.replicas (12) > kafkaTopics.workPartitions (8)",
