@@ -525,6 +525,23 @@ def test_settings_at_their_bounds_or_given_as_text_install(tmp_path: Path) -> No
             "swarmKafka.bootstrapServers names the scheme SSL:// but swarmKafka.securityProtocol=SASL_SSL",
         ),
         (("kafka.caSecret.name=ca",), "does not use TLS"),
+        (
+            (
+                "kafka.sasl.mechanism=SCRAM-SHA-512",
+                "kafka.sasl.username=u",
+                "kafka.sasl.passwordSecret.name=p",
+            ),
+            "kafka.sasl is set but kafka.securityProtocol=PLAINTEXT does not use SASL",
+        ),
+        (
+            (
+                "swarmKafka.enabled=true",
+                "swarmKafka.bootstrapServers=s:9093",
+                "swarmKafka.securityProtocol=SSL",
+                "swarmKafka.sasl.username=u",
+            ),
+            "swarmKafka.sasl is set but swarmKafka.securityProtocol=SSL does not use SASL",
+        ),
         (("model=m", "trainer.settings.MODEL=other"), "set the model once"),
         (("identity.mode=tofu",), "a verifying node must sign; set identity.keySecret.name"),
         (("identity.mode=strict", "identity.keySecret.name=k"), "set identity.trustConfigMap.name"),

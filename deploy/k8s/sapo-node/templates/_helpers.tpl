@@ -157,6 +157,9 @@ sapo.settings.KafkaConnection so a bad release fails at `helm install`, not in a
 {{- if and $sasl (not .conn.sasl.mechanism) }}
 {{- fail (printf "%s.securityProtocol=%s needs %s.sasl.mechanism" .name .conn.securityProtocol .name) }}
 {{- end }}
+{{- if and (not $sasl) (or .conn.sasl.mechanism .conn.sasl.username .conn.sasl.passwordSecret.name) }}
+{{- fail (printf "%s.sasl is set but %s.securityProtocol=%s does not use SASL, so the services would connect without it; use SASL_SSL or SASL_PLAINTEXT" .name .name .conn.securityProtocol) }}
+{{- end }}
 {{- if and (has .conn.sasl.mechanism (list "PLAIN" "SCRAM-SHA-256" "SCRAM-SHA-512")) (not (and .conn.sasl.username .conn.sasl.passwordSecret.name)) }}
 {{- fail (printf "%s.sasl.mechanism=%s needs %s.sasl.username and %s.sasl.passwordSecret.name (an existing Secret)" .name .conn.sasl.mechanism .name .name) }}
 {{- end }}
