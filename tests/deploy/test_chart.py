@@ -344,9 +344,12 @@ def test_tofu_pins_kept_on_a_volume_of_the_sampler() -> None:
 
 
 def test_install_notes_create_topics_that_take_the_message_size_and_name_the_users_credentials() -> None:
-    """The topics command NOTES give makes topics that take the services' largest message; a
-    tls-external KafkaUser gets no Secret from the User Operator, and NOTES do not promise one."""
+    """The topics command NOTES give makes topics that take the services' largest message and have
+    the work partitions the NOTES announce; a tls-external KafkaUser gets no Secret from the User
+    Operator, and NOTES do not promise one."""
     assert "--max-message-bytes 4194304`" in install_notes("maxMessageBytes=4194304")
+    notes = install_notes("kafkaTopics.workPartitions=16", "generator.replicas=12")
+    assert "work (16 partitions" in notes and "--work-partitions 16 " in notes
     tls = install_notes("kafkaUser.enabled=true")
     assert "the User Operator writes its credentials" in tls
     external = install_notes("kafkaUser.enabled=true", "kafkaUser.authentication=tls-external")
