@@ -37,6 +37,7 @@ from tests.deploy.helm import (
     render,
     require_tool,
     run,
+    template_error,
 )
 
 pytestmark = pytest.mark.unit
@@ -108,6 +109,15 @@ def test_every_alert_is_named_graded_and_has_a_runbook_section() -> None:
                 url = alert["annotations"]["runbook_url"]
                 assert url == f"deploy/README.md#{alert['alert'].lower()}"
                 assert url.split("#")[1] in anchors, f"no runbook section for {alert['alert']} in {README}"
+
+
+@pytest.mark.parametrize("label", ["severity", "sapo_node"])
+def test_alert_labels_may_not_repeat_the_labels_every_alert_has(label: str) -> None:
+    """The chart writes both labels into every alert's labels: the same key from alertLabels would be
+    a duplicate mapping key, which YAML parsers either refuse or settle silently by keeping one of
+    the two. The chart names the value instead."""
+    error = template_error("prometheusRule.enabled=true", f"prometheusRule.alertLabels.{label}=x")
+    assert f"prometheusRule.alertLabels.{label}: every alert already carries {label}" in error
 
 
 def test_runbook_base_url_is_configurable() -> None:
