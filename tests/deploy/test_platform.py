@@ -377,6 +377,10 @@ def test_extra_objects_are_templated() -> None:
             "app.kubernetes.io/name",
         ),  # would split pods from selectors
         ("podLabels.app\\.kubernetes\\.io/instance=x", "app.kubernetes.io/instance"),
+        # the chart's own labels: a second key of the same name made the manifests invalid YAML
+        ("commonLabels.app\\.kubernetes\\.io/part-of=ml", "app.kubernetes.io/part-of"),
+        ("podLabels.helm\\.sh/chart=x", "helm.sh/chart"),
+        ("commonLabels.sapo-swarm\\.io/node-id=x", "sapo-swarm.io/node-id"),
         ("fullnameOverride=Bad_Name", "fullnameOverride"),
         ("nameOverride=UPPER", "nameOverride"),
         ("image.tag=bad:tag", "tag"),
@@ -385,6 +389,20 @@ def test_extra_objects_are_templated() -> None:
 )
 def test_schema_rejects_bad_platform_values(override: str, complaint: str) -> None:
     assert complaint in template_error(override)
+
+
+def test_a_label_in_both_common_and_pod_labels_is_refused() -> None:
+    """Pods carry both: the key came out twice in their labels (invalid YAML)."""
+    assert "podLabels.team repeats commonLabels.team" in template_error(
+        "commonLabels.team=a", "podLabels.team=b"
+    )
+    pods = [
+        d["spec"]["template"]
+        for d in of_kind(render(None, "commonLabels.team=a", "podLabels.tier=b"), "Deployment")
+    ]
+    assert pods and all(
+        {"team": "a", "tier": "b"}.items() <= pod["metadata"]["labels"].items() for pod in pods
+    )
 
 
 def test_every_scenario_renders_with_everything_on() -> None:
