@@ -20,13 +20,15 @@ Delivery semantics (at-least-once):
   reason "handler_error" (logged with its traceback: it is a bug to fix), unless the loop was built
   with `contain_errors=False` (the trainer, whose step failures are quarantined by attempts instead:
   `sapo.node.quarantine`). A `ServiceError` (a produce the broker refused, a fatal client error, a
-  lost lease) is never contained: the service stops and its restart recovers.
+  lost lease) is never contained: the service stops and its restart recovers. A record whose
+  headers the client cannot read (a header name that is not UTF-8) is refused as "bad_header".
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+import operator
 import time
 from collections.abc import Callable, Sequence
 from typing import Final
@@ -267,6 +269,15 @@ class KafkaReaderClient(KafkaConsumerClient):
         )
 
 
+_HEADERS: Final = operator.methodcaller("headers")
+"""`Message.headers()`, called through C so that CPython checks its result. confluent-kafka decodes
+header names as UTF-8 and, on other bytes, returns a list holding a NULL with the UnicodeDecodeError
+set: a checked call raises SystemError (from that error), but a call the interpreter has specialized
+(any hot call site, such as a plain `msg.headers()` here) skips the check and the list then crashes
+the process. One such record from any producer must not stop a service: it is returned without
+headers and refused by the loop (`bad_header`)."""
+
+
 def to_record(msg: Message) -> Record | None:
     """A consumed message as a Record; None for a non-fatal error event (logged: the client retries).
     Raises TransportError for a fatal one."""
@@ -277,7 +288,11 @@ def to_record(msg: Message) -> Record | None:
         if err.code() != KafkaError._PARTITION_EOF:
             log.warning("consumer error (retried by the client): %s", err)
         return None
-    raw_headers = msg.headers() or []
+    unreadable = ""
+    try:
+        raw_headers = _HEADERS(msg) or []
+    except SystemError as exc:
+        raw_headers, unreadable = [], f"a header name is not UTF-8 ({exc.__cause__ or exc})"
     pairs = raw_headers.items() if isinstance(raw_headers, dict) else raw_headers
     headers = {str(k): _as_bytes(v) or b"" for k, v in pairs}
     return Record(
@@ -288,6 +303,7 @@ def to_record(msg: Message) -> Record | None:
         value=_as_bytes(msg.value()),
         headers=headers,
         timestamp_ms=msg.timestamp()[1],
+        unreadable=unreadable,
     )
 
 
@@ -424,6 +440,9 @@ class ConsumerLoop:
     def _dispatch(self, record: Record) -> None:
         self._metrics.consumed.inc(self._stream_of(record.topic))
         self.watermarks.seen(record.tp, record.offset)
+        if record.unreadable:
+            self._reject(record, InvalidMessageError("bad_header", f"{record.unreadable}; headers not kept"))
+            return
         # Most records are whole messages with nothing open to sweep: they skip the reassembly.
         if H_CHUNK in record.headers or self._reassembler.has_open:
             if self._skipped_chunk(record):

@@ -26,6 +26,9 @@ class Record:
     timestamp_ms: int = 0
     parts: tuple[Record, ...] = ()
     """The chunk records a reassembled message was made of (`sapo.kafka.chunks`); empty otherwise."""
+    unreadable: str = ""
+    """Why the client could not read the record's headers (a header name that is not UTF-8), which
+    are then empty; the consumer loop refuses such a record (`bad_header`) without handling it."""
 
     @property
     def tp(self) -> TopicPartition:

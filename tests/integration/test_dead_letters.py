@@ -4,6 +4,10 @@ fits one message of the node's own limit, and a dead letter that cannot be sent 
 from __future__ import annotations
 
 import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -18,12 +22,14 @@ from sapo.kafka import (
     TransportMetrics,
 )
 from sapo.kafka.chunks import chunk_size
-from sapo.kafka.dlq import H_HEADERS_DROPPED, H_ORIGINAL_BYTES, H_ORIGINAL_SHA, H_REASON
+from sapo.kafka.dlq import H_DETAIL, H_HEADERS_DROPPED, H_ORIGINAL_BYTES, H_ORIGINAL_SHA, H_REASON
 from sapo.lifecycle import StopFlag
 from sapo.wire import InvalidMessageError
 from tests.integration.kafka_helpers import consumer, create_topics, make_loop
+from tests.integration.raw_producer import produce_raw
 
 pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
 LIMIT = 1024 * 1024  # Apache Kafka's default message.max.bytes, the services' default
 
 
@@ -134,3 +140,53 @@ def test_a_dead_letter_the_producer_refuses_is_counted_and_consumption_goes_on(
     assert (
         registry.get_sample_value("sapo_dlq_messages_dead_lettered_total", {"reason": "undecodable"}) is None
     )
+
+
+def read_hostile_topic(bootstrap: str, topic: str, dlq: str, group: str, count: int) -> None:
+    """Consume `count` records of `topic` and print what was handled and refused, one JSON line (run in
+    a child process: a crash of the client must fail the test, not end the test session)."""
+    handled: list[str] = []
+
+    def handle(record: Record) -> Disposition:
+        handled.append((record.value or b"").decode())
+        return Disposition.DONE
+
+    loop, registry, publisher = make_loop(bootstrap, group, [topic], handle, service="probe", dlq_topic=dlq)
+    read = loop.run(max_records=count, idle_timeout_s=20)
+    rejected = registry.get_sample_value("sapo_probe_messages_rejected_total", {"reason": "bad_header"})
+    print(
+        json.dumps({"read": read, "handled": handled, "bad_header": rejected, "unsent": publisher.flush(10)})
+    )
+
+
+def test_a_header_name_that_is_not_utf8_is_refused_and_what_follows_is_handled(
+    kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """confluent-kafka cannot decode such a name: the record stopped the loop in a traceback or, once
+    the interpreter had specialized the call that reads headers (after a few dozen records), a
+    segmentation fault, and a restarted service read it again: one message stopped every reader."""
+    topic, dlq = f"{topic_prefix}.in", f"{topic_prefix}.dlq"
+    create_topics(kafka_bootstrap, topic, dlq)
+    before = [f"before-{i}" for i in range(40)]
+    publisher = KafkaPublisher({"bootstrap.servers": kafka_bootstrap})
+    for value in before:
+        publisher.send(topic, b"k", value.encode(), [("ok", b"1")])
+    assert publisher.flush(30) == 0
+    produce_raw(kafka_bootstrap, topic, b"k1", b"hostile", [(b"\xff\xfe", b"1"), (b"sapo-node-id", b"x")])
+    produce_raw(kafka_bootstrap, topic, b"k2", b"after", [(b"ok", b"2")])
+    args = (kafka_bootstrap, topic, dlq, f"{topic_prefix}.g", len(before) + 2)
+    child = subprocess.run(
+        [sys.executable, "-c", f"from {__name__} import read_hostile_topic as r; r(*{args!r})"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    outcome = json.loads(child.stdout.splitlines()[-1])
+    assert outcome == {"read": len(before) + 2, "handled": [*before, "after"], "bad_header": 1, "unsent": 0}
+    (dead,) = _read_all(kafka_bootstrap, dlq, f"{topic_prefix}.dlq-reader", 1)
+    assert (dead.key, dead.value) == (b"k1", b"hostile")
+    assert dead.headers[H_REASON] == b"bad_header"
+    assert b"not UTF-8" in dead.headers[H_DETAIL]
