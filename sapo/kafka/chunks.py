@@ -12,12 +12,17 @@ partition (one producer, idempotent), possibly interleaved with other producers'
 assembled `Record` carries every chunk record in `parts`, so finishing it finishes all of their
 offsets and at-least-once delivery holds for the whole message. Memory is bounded: a message over
 `max_payload_bytes` is refused at its first chunk (every chunk but the last is as long as the first,
-so the first and the count bound the whole), and when open messages exceed `max_pending_bytes` the
-oldest one is given up. A message cut short (the producer died mid-message) never completes: it is
-given up when the same key starts again in its partition (a producer sends the message again under
-its key: a group id, a batch id) or after `stale_s` without a new chunk (`sweep`, which the consumer
-loop also runs when a poll returns nothing, so a quiet topic does not hold it open), so its offsets do
-not hold the partition's commits back for long. What cannot be assembled (too large, cut short, a digest
+so the first and the count bound the whole), and when the chunks held exceed `max_pending_bytes` the
+message that went longest without a chunk is given up. A held chunk counts its key, headers and
+`HELD_RECORD_BYTES` besides its payload, so a flood of chunks of nothing (one peer's first chunks of
+empty messages, each under a new id) is bounded too. A message cut short (the producer died
+mid-message) never completes: it is given up when the same key starts again in its partition (a
+producer sends the message again under its key: a group id, a batch id) or after `stale_s` without a
+new chunk (`sweep`, which the consumer loop also runs when a poll returns nothing, so a quiet topic
+does not hold it open), so its offsets do not hold the partition's commits back for long. Each of
+these costs constant time however many messages are open: they are kept in the order of their latest
+chunk and indexed by key, since the loop hands every record to the reassembler while one is open.
+What cannot be assembled (too large, cut short, a digest
 mismatch) comes back as an `Incomplete` whose records the caller finishes, counts and dead-letters.
 
 Why chunking rather than raising limits: Apache Kafka's broker limit is about 1 MB by default, a
@@ -42,6 +47,9 @@ H_CHUNK: Final = "sapo-chunk"
 H_CHUNK_ID: Final = "sapo-chunk-id"
 H_CHUNK_SHA: Final = "sapo-chunk-sha256"
 CHUNK_HEADERS: Final = (H_CHUNK, H_CHUNK_ID, H_CHUNK_SHA)
+HELD_RECORD_BYTES: Final = 1024
+"""What holding a chunk costs beyond its payload, key and headers (the record's objects), as counted
+against the pending limit."""
 HEADROOM_BYTES: Final = 64 * 1024
 """Kept free in every message for headers and the record framing, so a chunk plus its overhead fits
 the broker's limit."""
@@ -95,6 +103,9 @@ class _Open:
     last_s: float
     parts: list[Record] = field(default_factory=list)
     size: int = 0
+    """Payload bytes so far."""
+    held: int = 0
+    """What its chunks count against the pending limit (`_held_bytes`)."""
 
 
 class Reassembler:
@@ -112,6 +123,9 @@ class Reassembler:
         self._stale_s = stale_s
         self._clock = clock
         self._open: OrderedDict[tuple[TopicPartition, str], _Open] = OrderedDict()
+        """Ordered by their latest chunk, least recent first."""
+        self._by_key: dict[tuple[TopicPartition, bytes | None], tuple[TopicPartition, str]] = {}
+        """The open message of each key in each partition (a producer sends one at a time per key)."""
         self._pending = 0
         self.dropped: list[Incomplete] = []
         """Given-up messages since the last `take_dropped`."""
@@ -142,21 +156,24 @@ class Reassembler:
             if index != 0:  # the start went to another consumer, or is gone
                 self.dropped.append(Incomplete("incomplete_message", (record,)))
                 return None
-            resent = [s for s, o in self._open.items() if s[0] == record.tp and o.key == record.key]
-            for old in resent:  # the producer sends the message again: the cut-short copy is dead
-                self._give_up(old, "incomplete_message")
-            current = self._open[slot] = _Open(count, record.key, now)
+            resent = self._by_key.get((record.tp, record.key))
+            if resent is not None:  # the producer sends the message again: the cut-short copy is dead
+                self._give_up(resent, "incomplete_message")
             if (count - 1) * len(record.value or b"") >= self._max_payload:
-                self._open.pop(slot)
                 self.dropped.append(Incomplete("oversized", (record,)))
                 return None
+            current = self._open[slot] = _Open(count, record.key, now)
+            self._by_key[(record.tp, record.key)] = slot
         elif index != len(current.parts) or count != current.count:
             self._give_up(slot, "incomplete_message", extra=(record,))
             return None
         current.parts.append(record)
         current.last_s = now
+        self._open.move_to_end(slot)
         current.size += len(record.value or b"")
-        self._pending += len(record.value or b"")
+        held = _held_bytes(record)
+        current.held += held
+        self._pending += held
         if current.size > self._max_payload:
             self._give_up(slot, "oversized")
             return None
@@ -172,13 +189,21 @@ class Reassembler:
     def sweep(self) -> float:
         """Give up open messages with no new chunk for `stale_s`; returns the clock's time."""
         now = self._clock()
-        for slot in [s for s, o in self._open.items() if now - o.last_s > self._stale_s]:
+        while self._open:
+            slot, oldest = next(iter(self._open.items()))
+            if now - oldest.last_s <= self._stale_s:
+                break
             self._give_up(slot, "incomplete_message")
         return now
 
-    def _assemble(self, slot: tuple[TopicPartition, str]) -> Record | None:
+    def _pop(self, slot: tuple[TopicPartition, str]) -> _Open:
         current = self._open.pop(slot)
-        self._pending -= current.size
+        del self._by_key[(slot[0], current.key)]
+        self._pending -= current.held
+        return current
+
+    def _assemble(self, slot: tuple[TopicPartition, str]) -> Record | None:
+        current = self._pop(slot)
         value = b"".join(part.value or b"" for part in current.parts)
         first = current.parts[0]
         expected = first.headers.get(H_CHUNK_SHA, b"").decode("ascii", "replace")
@@ -189,15 +214,20 @@ class Reassembler:
         return replace(first, value=value, headers=headers, parts=tuple(current.parts))
 
     def _give_up(self, slot: tuple[TopicPartition, str], reason: str, extra: tuple[Record, ...] = ()) -> None:
-        current = self._open.pop(slot)
-        self._pending -= current.size
+        current = self._pop(slot)
         self.dropped.append(Incomplete(reason, (*current.parts, *extra)))
 
     def forget(self, tps: set[TopicPartition]) -> None:
         """Drop open messages of revoked partitions (their chunks are delivered again to the new owner)."""
         for slot in [s for s in self._open if s[0] in tps]:
-            self._pending -= self._open.pop(slot).size
+            self._pop(slot)
 
     def take_dropped(self) -> list[Incomplete]:
         dropped, self.dropped = self.dropped, []
         return dropped
+
+
+def _held_bytes(record: Record) -> int:
+    """What holding `record` counts against the pending limit: payload, key, headers and the record."""
+    headers = sum(len(name) + len(value) for name, value in record.headers.items())
+    return len(record.value or b"") + len(record.key or b"") + headers + HELD_RECORD_BYTES

@@ -3,13 +3,15 @@ reassembled (too large, cut short, tampered) holds a partition back."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import time
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from sapo.kafka import ConsumerLoop, DeadLetters, Disposition, Record, TransportMetrics
-from sapo.kafka.chunks import H_CHUNK, H_CHUNK_SHA, Reassembler, chunk_size, split
+from sapo.kafka.chunks import H_CHUNK, H_CHUNK_ID, H_CHUNK_SHA, Reassembler, chunk_size, split
 from sapo.kafka.memory import MemoryBus, MemoryConsumerClient, MemoryPublisher
 from sapo.lifecycle import StopFlag
 
@@ -35,7 +37,7 @@ def test_chunks_reassemble_across_interleaved_producers() -> None:
     a, b = os.urandom(30), os.urandom(30)
     ra = records(split(a, [("n", b"a")], 10), b"ka")
     rb = records(split(b, [("n", b"b")], 10), b"kb", start=10)
-    reassembler = Reassembler(1000, 1000)
+    reassembler = Reassembler(1000, 100_000)
     out = [
         m for pair in zip(ra, rb, strict=True) for m in (reassembler.add(pair[0]), reassembler.add(pair[1]))
     ]
@@ -88,6 +90,43 @@ def test_oversized_and_stale_messages_are_given_up() -> None:
     reassembler.add(Record("t", 0, 50, b"x", b"plain", {}))
     assert [d.reason for d in reassembler.take_dropped()] == ["incomplete_message"]
     assert reassembler.pending_bytes == 0
+
+
+def first_chunks_of_nothing(count: int) -> list[Record]:
+    """One peer's flood: the first of two chunks of `count` empty messages, each under its own id."""
+    return [
+        Record(
+            "t", 0, i, f"k{i}".encode(), b"", {H_CHUNK: b"0/2", H_CHUNK_ID: f"{i}".encode(), H_CHUNK_SHA: b""}
+        )
+        for i in range(count)
+    ]
+
+
+@pytest.mark.parametrize("key_bytes", [2, 10_000])
+def test_chunks_of_nothing_count_against_the_pending_limit(key_bytes: int) -> None:
+    """Their payloads weigh nothing, but holding each costs memory (more with a large key): the flood
+    is given up, oldest first, and what is held stays within the limit."""
+    reassembler = Reassembler(1000, 50_000)
+    for record in first_chunks_of_nothing(200):
+        assert reassembler.add(dataclasses.replace(record, key=(record.key or b"").zfill(key_bytes))) is None
+    dropped = reassembler.take_dropped()
+    assert {d.reason for d in dropped} == {"evicted_incomplete"} and len(dropped) > 150
+    assert [d.parts[0].offset for d in dropped] == list(range(len(dropped)))
+    assert 0 < reassembler.pending_bytes <= 50_000
+    assert (200 - len(dropped)) * key_bytes <= 50_000  # the keys held fit the limit too
+
+
+def test_each_chunk_costs_constant_time_however_many_messages_are_open() -> None:
+    """Every record used to scan every open message (the stale ones, the key's earlier copy): a
+    flood of 20,000 first chunks took minutes of a consumer's CPU and slowed every record after it."""
+    reassembler = Reassembler(1000, 1 << 40)
+    started = time.perf_counter()
+    for record in first_chunks_of_nothing(20_000):
+        reassembler.add(record)
+    whole = Record("t", 0, 20_000, b"k", b"whole", {})
+    assert reassembler.add(whole) is whole
+    assert time.perf_counter() - started < 5  # ~0.2 s; a scan per record took 30 s and more
+    assert reassembler.take_dropped() == [] and reassembler.has_open
 
 
 def test_a_forged_chunk_header_is_given_up() -> None:
