@@ -30,6 +30,7 @@ import enum
 import logging
 import operator
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Final
 
@@ -316,6 +317,12 @@ class Disposition(enum.Enum):
     HELD = "held"  # the owner finishes it later with ConsumerLoop.finish()
 
 
+MAX_SKIPPING: Final = 4096
+"""Chunked messages refused before their last chunk that a loop remembers, to finish their later
+chunks without reporting them again; past it the oldest is forgotten (its later chunks are then
+refused one by one as `incomplete_message`). A peer's flood of first chunks it never follows up
+must not grow a consumer's memory for as long as it holds the partition."""
+
 _PARTIAL: Final = frozenset({"oversized", "evicted_incomplete"})
 """Reasons a message is given up before its last chunk was read: its later chunks are skipped."""
 
@@ -364,7 +371,7 @@ class ConsumerLoop:
         self.watermarks = Watermarks()
         # Open messages may hold a few payloads' worth: enough for interleaved producers, still bounded.
         self._reassembler = Reassembler(max_payload_bytes, 4 * max_payload_bytes)
-        self._skipping: dict[tuple[TopicPartition, str], str] = {}
+        self._skipping: OrderedDict[tuple[TopicPartition, str], str] = OrderedDict()
         """Chunked messages refused before their last chunk (by the prefilter on their first chunk's
         headers, or given up as too large), and why: their later chunks are finished, not reported
         again."""
@@ -485,13 +492,18 @@ class ConsumerLoop:
         slot = (record.tp, message_id)
         if index == 0 and self._prefilter is not None and (reason := self._prefilter(record)) is not None:
             self._metrics.rejected.inc(reason)
-            self._skipping[slot] = reason
+            self._skip(slot, reason)
         if slot not in self._skipping:
             return False
         if index == count - 1:
             del self._skipping[slot]
         self.finish(record)
         return True
+
+    def _skip(self, slot: tuple[TopicPartition, str], reason: str) -> None:
+        self._skipping[slot] = reason
+        if len(self._skipping) > MAX_SKIPPING:
+            self._skipping.popitem(last=False)
 
     def _drop(self, incomplete: Incomplete) -> None:
         """A message that cannot be reassembled: counted, its first chunk dead-lettered, all finished."""
@@ -511,7 +523,7 @@ class ConsumerLoop:
             self.finish(part)
         last = chunk_of(incomplete.parts[-1])
         if incomplete.reason in _PARTIAL and last is not None and last[0] < last[1] - 1:
-            self._skipping[(first.tp, last[2])] = incomplete.reason  # one message, one rejection
+            self._skip((first.tp, last[2]), incomplete.reason)  # one message, one rejection
 
     def _reject(self, record: Record, exc: InvalidMessageError) -> None:
         log.warning("rejected %s/%d/%d: %s", record.topic, record.partition, record.offset, exc)
@@ -545,7 +557,7 @@ class ConsumerLoop:
         if self._on_revoke is not None:
             self._on_revoke(tps)
         self._reassembler.forget(set(tps))
-        self._skipping = {slot: r for slot, r in self._skipping.items() if slot[0] not in tps}
+        self._skipping = OrderedDict((slot, r) for slot, r in self._skipping.items() if slot[0] not in tps)
         self.watermarks.drop(tps)
         self.assigned.difference_update(tps)
 

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from sapo.kafka import ConsumerLoop, DeadLetters, Disposition, Record, TransportMetrics
 from sapo.kafka.chunks import H_CHUNK, H_CHUNK_ID, H_CHUNK_SHA, Reassembler, chunk_size, split
+from sapo.kafka.consumer import MAX_SKIPPING
 from sapo.kafka.memory import MemoryBus, MemoryConsumerClient, MemoryPublisher
 from sapo.lifecycle import StopFlag
 
@@ -246,3 +247,22 @@ def test_a_lone_chunk_on_a_quiet_topic_is_given_up_by_an_empty_poll() -> None:
     loop.commit()
     assert bus.committed[("g", ("t", 0))] == 1
     assert [r.headers["sapo-dlq-reason"] for r in bus.topics["dlq"]] == [b"incomplete_message"]
+
+
+def test_first_chunks_never_followed_up_are_remembered_within_a_bound() -> None:
+    """A peer's flood of first chunks of messages too large to take, never sent further: each is
+    refused and committed, and what the loop keeps to skip their later chunks stays bounded."""
+    bus = MemoryBus()
+    flood = MAX_SKIPPING + 100
+    for i in range(flood):
+        bus.append("t", f"k{i}".encode(), b"x", [(H_CHUNK, b"0/1000000000"), (H_CHUNK_ID, f"{i}".encode())])
+    bus.append("t", b"ok", b"valid", [])
+    consumer = Collecting(bus, MemoryPublisher(bus))
+    assert consumer.loop.run(idle_timeout_s=0.0) == flood + 1
+    assert consumer.values() == [b"valid"]
+    assert bus.committed[("g", ("t", 0))] == flood + 1
+    rejected = consumer.registry.get_sample_value(
+        "sapo_test_messages_rejected_total", {"reason": "oversized"}
+    )
+    assert rejected == flood
+    assert len(consumer.loop._skipping) == MAX_SKIPPING
