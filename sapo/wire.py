@@ -21,6 +21,7 @@ from typing import Final, NamedTuple, Protocol, TypeVar
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from sapo.topics import NODE_ID_RE
 from sapo.v1 import batch_pb2, policy_pb2, rollout_pb2, work_pb2
 
 SCHEMA_VERSION = 1
@@ -234,6 +235,8 @@ def validate_rollout_group(group: rollout_pb2.RolloutGroup) -> str | None:
         return "bad_group_id"
     if not group.node_id:
         return "missing_node_id"
+    if not NODE_ID_RE.fullmatch(group.node_id):  # ids go into metric labels, logs and batches
+        return "bad_node_id"
     question = group.question
     if not (question.task and question.text and question.provenance.dataset):
         return "missing_question"

@@ -117,6 +117,7 @@ MALFORMED_REASONS: Final = (
     # sapo.wire.validate_rollout_group
     "bad_group_id",
     "missing_node_id",
+    "bad_node_id",
     "missing_question",
     "no_completions",
     "too_many_completions",

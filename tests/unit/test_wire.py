@@ -103,6 +103,10 @@ def test_structural_validation_reasons() -> None:
     assert wire.validate_rollout_group(largest) is None
     largest.completions.add().CopyFrom(largest.completions[0])
     assert wire.validate_rollout_group(largest) == "too_many_completions"
+    # With identity off a peer's claimed id is trusted, and it lands in metric labels, logs and batches.
+    for node in ("x" * 100_000, "node\n-a", "Node-A", "-a", "n" * 49):
+        assert wire.validate_rollout_group(make_group(node_id=node)) == "bad_node_id", node
+    assert wire.validate_rollout_group(make_group(node_id="n" * 48)) is None
 
 
 def test_batch_and_policy_validation() -> None:
