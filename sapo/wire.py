@@ -223,7 +223,9 @@ def decode(cls: type[M], value: bytes | None, max_bytes: int) -> M:
         raise InvalidMessageError("undecodable", str(exc)) from None
     schema = getattr(msg, "schema_version", SCHEMA_VERSION)
     if schema != SCHEMA_VERSION:
-        raise InvalidMessageError("schema_version", f"{schema} != {SCHEMA_VERSION}")
+        # Every message of ours sets it: none at all is most likely another message type in the topic.
+        missing = f"no schema_version: not a {cls.__name__} (another message type?)"
+        raise InvalidMessageError("schema_version", f"{schema} != {SCHEMA_VERSION}" if schema else missing)
     return msg
 
 

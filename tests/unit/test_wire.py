@@ -12,7 +12,7 @@ import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from sapo import wire
-from sapo.v1 import batch_pb2, policy_pb2, rollout_pb2
+from sapo.v1 import batch_pb2, policy_pb2, rollout_pb2, work_pb2
 from tests.factories import make_group
 
 pytestmark = pytest.mark.unit
@@ -86,6 +86,14 @@ def test_unknown_schema_version_rejected() -> None:
     group.schema_version = 2
     with pytest.raises(wire.InvalidMessageError, match="schema_version"):
         wire.decode(rollout_pb2.RolloutGroup, group.SerializeToString(), max_bytes=1 << 20)
+
+
+def test_another_message_type_is_named_as_such() -> None:
+    """A message that sets no schema_version (another type, or not one of ours) said only "0 != 1"."""
+    work = work_pb2.WorkItem(node_id="node-a", round=3).SerializeToString()  # schema_version unset
+    with pytest.raises(wire.InvalidMessageError, match=r"no schema_version: not a RolloutGroup") as error:
+        wire.decode(rollout_pb2.RolloutGroup, work, max_bytes=1 << 20)
+    assert error.value.reason == "schema_version"
 
 
 def test_structural_validation_reasons() -> None:
