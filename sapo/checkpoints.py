@@ -451,7 +451,10 @@ def _same_weights(
 
 def read_manifest(uri: str, expected_sha256: str) -> tuple[Manifest, Location]:
     """Load a manifest and check it against the digest announced with it."""
-    target = storage.location(uri)
+    try:
+        target = storage.location(uri)
+    except (ValueError, ImportError) as exc:  # an announced URL this process cannot open: its problem
+        raise CheckpointError("unsupported", f"cannot open {uri}: {exc}") from None
     data = storage.read_bytes(target)
     got = sha256_hex(data)
     if got != expected_sha256:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fsspec.registry import known_implementations
 from transformers import PreTrainedTokenizerBase
 
 from sapo import storage
@@ -244,3 +245,28 @@ def test_a_newer_version_supersedes_one_being_retried(
     time.sleep(0.1)
     gen.follower.poll(0.0)
     assert gen.metric(RETRIES, {"reason": "missing"}) == 1  # v1 is not tried again
+
+
+@pytest.mark.parametrize("scheme", ["absent", "nowhere"])
+def test_a_manifest_url_this_generator_cannot_open_is_rejected_not_a_crash(
+    gen: MemoryGenerator,
+    tokenizer: PreTrainedTokenizerBase,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    scheme: str,
+) -> None:
+    """A trainer may write where this image has no filesystem for (gs:// without gcsfs) or announce a
+    URL of no known protocol: the version is rejected and counted; a restart would meet it again."""
+    monkeypatch.setitem(
+        known_implementations, "absent", {"class": "absent_fs.AbsentFileSystem", "err": "Install absent-fs"}
+    )
+    written = write_checkpoint(tmp_path, "node-a", 1, _state(tokenizer, "tiny:1"))
+    update = policy_pb2.PolicyUpdate.FromString(policy_update(written, "node-a", 1))
+    update.manifest_uri = f"{scheme}://bucket/node-a/v00000001/manifest.json"
+    _announce(gen, update.SerializeToString())
+    assert gen.metric(FAILURES, {"reason": "checkpoint"}) == 1
+    assert gen.follower.loaded == 0 and gen.health.failing() == [] and gen.health.alive()
+
+    good = write_checkpoint(tmp_path / "good", "node-a", 2, _state(tokenizer, "tiny:2"))
+    _announce(gen, policy_update(good, "node-a", 2))
+    assert gen.follower.loaded == 2
