@@ -22,8 +22,9 @@ new chunk (`sweep`, which the consumer loop also runs when a poll returns nothin
 does not hold it open), so its offsets do not hold the partition's commits back for long. Each of
 these costs constant time however many messages are open: they are kept in the order of their latest
 chunk and indexed by key, since the loop hands every record to the reassembler while one is open.
-What cannot be assembled (too large, cut short, a digest
-mismatch) comes back as an `Incomplete` whose records the caller finishes, counts and dead-letters.
+What cannot be assembled (too large, cut short, a digest mismatch) comes back as an `Incomplete`
+whose records the caller finishes, counts and dead-letters; one given up before its last chunk says so
+(`more`), and the caller skips its later chunks.
 
 Why chunking rather than raising limits: Apache Kafka's broker limit is about 1 MB by default, a
 reasoning-length rollout group (16 completions x 8k tokens with token ids and log-probs) is larger,
@@ -94,6 +95,9 @@ class Incomplete:
 
     reason: str
     parts: tuple[Record, ...]
+    more: bool = False
+    """Whether the message's later chunks are still to come (it was given up at a chunk before its
+    last): the consumer skips them, so that one message is one rejection."""
 
 
 @dataclass
@@ -154,18 +158,18 @@ class Reassembler:
         current = self._open.get(slot)
         if current is None:
             if index != 0:  # the start went to another consumer, or is gone
-                self.dropped.append(Incomplete("incomplete_message", (record,)))
+                self.dropped.append(Incomplete("incomplete_message", (record,), index < count - 1))
                 return None
             resent = self._by_key.get((record.tp, record.key))
             if resent is not None:  # the producer sends the message again: the cut-short copy is dead
                 self._give_up(resent, "incomplete_message")
             if (count - 1) * len(record.value or b"") >= self._max_payload:
-                self.dropped.append(Incomplete("oversized", (record,)))
+                self.dropped.append(Incomplete("oversized", (record,), more=count > 1))
                 return None
             current = self._open[slot] = _Open(count, record.key, now)
             self._by_key[(record.tp, record.key)] = slot
-        elif index != len(current.parts) or count != current.count:
-            self._give_up(slot, "incomplete_message", extra=(record,))
+        elif index != len(current.parts) or count != current.count:  # a chunk lost, or sent twice
+            self._give_up(slot, "incomplete_message", extra=(record,), more=index < count - 1)
             return None
         current.parts.append(record)
         current.last_s = now
@@ -175,13 +179,13 @@ class Reassembler:
         current.held += held
         self._pending += held
         if current.size > self._max_payload:
-            self._give_up(slot, "oversized")
+            self._give_up(slot, "oversized", more=index < count - 1)
             return None
         while self._pending > self._max_pending and len(self._open) > 1:
             oldest = next(iter(self._open))
             if oldest == slot:
                 break
-            self._give_up(oldest, "evicted_incomplete")
+            self._give_up(oldest, "evicted_incomplete", more=True)
         if len(current.parts) < current.count:
             return None
         return self._assemble(slot)
@@ -213,9 +217,16 @@ class Reassembler:
         headers = {k: v for k, v in first.headers.items() if k not in CHUNK_HEADERS}
         return replace(first, value=value, headers=headers, parts=tuple(current.parts))
 
-    def _give_up(self, slot: tuple[TopicPartition, str], reason: str, extra: tuple[Record, ...] = ()) -> None:
+    def _give_up(
+        self,
+        slot: tuple[TopicPartition, str],
+        reason: str,
+        extra: tuple[Record, ...] = (),
+        *,
+        more: bool = False,
+    ) -> None:
         current = self._pop(slot)
-        self.dropped.append(Incomplete(reason, (*current.parts, *extra)))
+        self.dropped.append(Incomplete(reason, (*current.parts, *extra), more))
 
     def forget(self, tps: set[TopicPartition]) -> None:
         """Drop open messages of revoked partitions (their chunks are delivered again to the new owner)."""

@@ -323,9 +323,6 @@ chunks without reporting them again; past it the oldest is forgotten (its later 
 refused one by one as `incomplete_message`). A peer's flood of first chunks it never follows up
 must not grow a consumer's memory for as long as it holds the partition."""
 
-_PARTIAL: Final = frozenset({"oversized", "evicted_incomplete"})
-"""Reasons a message is given up before its last chunk was read: its later chunks are skipped."""
-
 Handler = Callable[[Record], Disposition]
 Prefilter = Callable[[Record], str | None]
 
@@ -373,8 +370,8 @@ class ConsumerLoop:
         self._reassembler = Reassembler(max_payload_bytes, 4 * max_payload_bytes)
         self._skipping: OrderedDict[tuple[TopicPartition, str], str] = OrderedDict()
         """Chunked messages refused before their last chunk (by the prefilter on their first chunk's
-        headers, or given up as too large), and why: their later chunks are finished, not reported
-        again."""
+        headers, or given up: too large, a chunk missing), and why: their later chunks are finished,
+        not reported again."""
         self.assigned: set[TopicPartition] = set()
         self.last_poll_monotonic = time.monotonic()
         self.handled = 0
@@ -522,7 +519,7 @@ class ConsumerLoop:
         for part in incomplete.parts:
             self.finish(part)
         last = chunk_of(incomplete.parts[-1])
-        if incomplete.reason in _PARTIAL and last is not None and last[0] < last[1] - 1:
+        if incomplete.more and last is not None:
             self._skip((first.tp, last[2]), incomplete.reason)  # one message, one rejection
 
     def _reject(self, record: Record, exc: InvalidMessageError) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections.abc import Callable
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -18,6 +19,8 @@ from sapo.lifecycle import StopFlag
 
 pytestmark = pytest.mark.unit
 TP = ("t", 0)
+Piece = tuple[bytes, list[tuple[str, bytes]]]
+"""A message to send: its payload and headers (`split`'s output)."""
 
 
 def records(pieces: list[tuple[bytes, list[tuple[str, bytes]]]], key: bytes, start: int = 0) -> list[Record]:
@@ -266,3 +269,31 @@ def test_first_chunks_never_followed_up_are_remembered_within_a_bound() -> None:
     )
     assert rejected == flood
     assert len(consumer.loop._skipping) == MAX_SKIPPING
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda rs: rs[:2] + rs[3:],  # a chunk lost in the middle
+        lambda rs: rs[:3] + rs[2:],  # a chunk sent twice (a producer retry without idempotence)
+    ],
+    ids=["lost", "twice"],
+)
+def test_a_message_broken_in_the_middle_is_one_rejection_and_all_its_chunks_are_committed(
+    mutate: Callable[[list[Piece]], list[Piece]],
+) -> None:
+    """Its later chunks cannot form a message either: skipped, not dead-lettered one by one."""
+    bus = MemoryBus()
+    pieces = mutate(split(os.urandom(60), [], 10))
+    for value, headers in pieces:
+        bus.append("t", b"big", value, headers)
+    bus.append("t", b"small", b"after", [])
+    consumer = Collecting(bus, MemoryPublisher(bus))
+    assert consumer.loop.run(idle_timeout_s=0.0) == len(pieces) + 1
+    assert consumer.values() == [b"after"]
+    assert [r.headers["sapo-dlq-reason"] for r in bus.topics["dlq"]] == [b"incomplete_message"]
+    rejected = consumer.registry.get_sample_value(
+        "sapo_test_messages_rejected_total", {"reason": "incomplete_message"}
+    )
+    assert rejected == 1
+    assert bus.committed[("g", ("t", 0))] == len(pieces) + 1
