@@ -53,6 +53,19 @@ class CheckpointError(RuntimeError):
 
 
 TRANSIENT = frozenset({"missing", "unavailable"})
+CREDENTIALS_HINT = (
+    "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, or give the process an IAM role) "
+    "for s3://, or the credentials of the store's fsspec filesystem"
+)
+_NO_CREDENTIALS = frozenset({"NoCredentialsError", "PartialCredentialsError"})
+"""botocore's errors for credentials not found (s3fs passes them on as they are; by name: botocore is
+s3fs's dependency, not this package's)."""
+
+
+def refused_access(target: Location, exc: BaseException) -> bool:
+    """Whether a remote store found no credentials for this process or refused the ones it has (s3fs
+    turns a 403 such as InvalidAccessKeyId or AccessDenied into a PermissionError)."""
+    return not target.local and (isinstance(exc, PermissionError) or type(exc).__name__ in _NO_CREDENTIALS)
 
 
 @dataclass(frozen=True)
@@ -109,7 +122,7 @@ def store_problem(url: str) -> str | None:
     """Why the checkpoint store at `url` cannot be used, found without a request, or None: a protocol
     fsspec does not know or whose package is not installed, a local directory that cannot be created
     (it is made now, as the first write would) or written. Credentials and reachability of a remote
-    store show only on its first request."""
+    store show only on its first request (`refused_access` tells credentials apart)."""
     try:
         where = location(url)
     except (ValueError, ImportError) as exc:  # 'Protocol not known: foo', 'Please install gcsfs ...'
@@ -178,7 +191,8 @@ def read_error(target: Location, exc: Exception) -> CheckpointError:
         if not _no_answer(exc.__cause__):
             return CheckpointError("missing", f"{target.uri()} does not exist (yet)")
         exc = exc.__cause__ if isinstance(exc.__cause__, Exception) else exc
-    return CheckpointError("unavailable", f"cannot read {target.uri()}: {exc!r}")
+    hint = f"; {CREDENTIALS_HINT}" if refused_access(target, exc) else ""
+    return CheckpointError("unavailable", f"cannot read {target.uri()}: {exc!r}{hint}")
 
 
 def _no_answer(cause: BaseException | None) -> bool:

@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from s3fs import S3FileSystem
 
 from sapo.broker import EmbeddedBroker
 from tests.s3 import S3Server, moto_server
@@ -62,3 +63,15 @@ def s3_url(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> str:
     for name, value in s3_server.env.items():
         monkeypatch.setenv(name, value)
     return f"s3://{s3_server.create_bucket()}/checkpoints"
+
+
+@pytest.fixture
+def no_s3_credentials(s3_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """`s3_url` for a process that finds no credentials (none in the environment, no files, no role)."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/credentials")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/config")
+    S3FileSystem.clear_instance_cache()  # a client made earlier in this process holds credentials
+    yield s3_url
+    S3FileSystem.clear_instance_cache()

@@ -52,7 +52,7 @@ from sapo.node.quarantine import AttemptLog, is_poison, next_attempt
 from sapo.ops import Health
 from sapo.runtime import Runtime
 from sapo.settings import ConfigError, env_prefix
-from sapo.storage import store_problem
+from sapo.storage import CREDENTIALS_HINT, refused_access, store_problem
 from sapo.topics import TopicNames
 from sapo.trainer import StepReport, Trainer, step_metrics
 from sapo.trainer.settings import TrainerSettings
@@ -210,7 +210,16 @@ class TrainerService:
             self.settings.precision,
             self.settings.steps_per_batch,
         )
-        written, resumed = self.trainer.initialize()
+        try:
+            written, resumed = self.trainer.initialize()
+        except Exception as exc:
+            if not refused_access(self.trainer.store.root, exc):
+                raise
+            setting = f"{env_prefix(self.settings)}CHECKPOINT_ROOT"
+            raise ConfigError(
+                f"{setting}={self.settings.checkpoint_root!r}: the store refused access ({exc}); "
+                f"{CREDENTIALS_HINT}"
+            ) from None
         log.info("%s version %d", "resumed at" if resumed else "wrote initial", self.trainer.version)
         if resumed:  # before the announcement: nothing new can be on the batch topic yet
             self._restart_recreated_partitions()

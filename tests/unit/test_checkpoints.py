@@ -312,3 +312,11 @@ def test_an_http_store_that_does_not_answer_is_unavailable_not_missing(tmp_path:
         storage.read_bytes(storage.location(f"{base}/present.json"))  # nothing listens there now
     assert refused.value.reason == "unavailable"
     assert "does not exist" not in str(refused.value)
+
+
+def test_a_store_that_finds_no_credentials_is_unavailable_and_says_what_to_set(
+    no_s3_credentials: str,
+) -> None:
+    with pytest.raises(storage.CheckpointError) as error:
+        read_manifest(f"{no_s3_credentials}/n1/v00000001/{MANIFEST}", "0" * 64)
+    assert error.value.reason == "unavailable" and "AWS_ACCESS_KEY_ID" in str(error.value)

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.unit
 TOPICS = TopicNames.for_node("node-a")
 
 
-def _service(bus: MemoryBus, root: Path, **overrides: Any) -> tuple[TrainerService, CollectorRegistry]:
+def _service(bus: MemoryBus, root: Path | str, **overrides: Any) -> tuple[TrainerService, CollectorRegistry]:
     settings = TrainerSettings(
         node_id="node-a", model="tiny:0", precision="fp32", checkpoint_root=root, lr=1e-2, **overrides
     )
@@ -327,3 +327,13 @@ def test_a_checkpoint_root_that_cannot_be_used_fails_prepare(tmp_path: Path, roo
         TrainerSettings(node_id="n", model="tiny:1", checkpoint_root=str(tmp_path / "a" / "b"))
     )
     assert (tmp_path / "a" / "b").is_dir()
+
+
+def test_a_store_that_refuses_the_trainer_fails_start_saying_what_to_set(no_s3_credentials: str) -> None:
+    """No credentials in the environment (none mounted, no role): once a botocore traceback."""
+    service, _ = _service(MemoryBus(), no_s3_credentials)
+    with pytest.raises(ConfigError) as error:
+        service.start()
+    said = str(error.value)
+    assert said.startswith(f"SAPO_TRAINER_CHECKPOINT_ROOT='{no_s3_credentials}'")
+    assert "AWS_ACCESS_KEY_ID" in said
