@@ -10,7 +10,8 @@ Delivery semantics (at-least-once):
 - librdkafka commits stored positions every auto.commit.interval.ms (the loop stores finished ones
   at most every `STORE_INTERVAL_S`); on revoke the loop commits
   synchronously before giving partitions up; on loss it commits nothing and drops the partitions'
-  state; on close it commits what is finished.
+  state (a commit that finds them lost already is skipped: the next poll reports the loss); on close
+  it commits what is finished.
 - Chunked messages (`sapo.kafka.chunks`) are reassembled before the prefilter and the handler see
   them; a message's chunks stay unfinished until the message is, and what cannot be reassembled is
   counted, dead-lettered (its first chunk) and finished. A message the prefilter refuses by its first
@@ -146,6 +147,11 @@ class KafkaConsumerClient:
                 # with its broker gone must not die in a traceback. The next owner re-reads from the
                 # last commit, which the consumer loop's at-least-once contract allows.
                 log.warning("final commit lost while closing: %s", exc)
+            elif code == KafkaError._ASSIGNMENT_LOST:
+                # The group moved the partitions on (no poll for max.poll.interval.ms: a long backend
+                # call); the next poll reports them lost and their next owner re-reads them from the
+                # last commit, as after any loss.
+                log.warning("commit skipped, the partitions were taken away: %s", exc)
             elif code != KafkaError._NO_OFFSET:
                 raise
 

@@ -32,8 +32,10 @@ def _client(code: int) -> KafkaConsumerClient:
     return client
 
 
-@pytest.mark.parametrize("code", [KafkaError._NO_OFFSET, KafkaError._DESTROY])
-def test_nothing_to_commit_and_a_commit_lost_to_teardown_are_not_errors(code: int) -> None:
+@pytest.mark.parametrize("code", [KafkaError._NO_OFFSET, KafkaError._DESTROY, KafkaError._ASSIGNMENT_LOST])
+def test_nothing_to_commit_and_a_commit_lost_to_teardown_or_a_loss_are_not_errors(code: int) -> None:
+    """_ASSIGNMENT_LOST: a generator's backend call outlasted max.poll.interval.ms, which ended it in a
+    traceback once the call's groups were published; the next poll hands the partitions on."""
     _client(code).commit()
 
 
