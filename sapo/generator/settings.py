@@ -130,7 +130,8 @@ class GeneratorSettings(ServiceSettings, ModelSettings):
         900.0,
         ge=10.0,
         le=86_400.0,
-        description="/healthz fails when the loop is silent this long: must exceed the longest backend call.",
+        description="/healthz fails when the loop is silent this long: must exceed the longest backend call "
+        "and fit in the consumer's max_poll_interval_ms.",
     )
 
     weights_retry_initial_s: float = Field(
@@ -176,6 +177,15 @@ class GeneratorSettings(ServiceSettings, ModelSettings):
             raise ValueError(
                 f"set {prefix}WEIGHTS_RETRY_MAX_S >= {prefix}WEIGHTS_RETRY_INITIAL_S "
                 f"({self.weights_retry_initial_s})"
+            )
+        if self.liveness_timeout_s * 1000 > self.consumer.max_poll_interval_ms:
+            # A longer backend call would lose the work partitions mid-call: another replica samples
+            # the same items again, and its own long call loses them in turn.
+            raise ValueError(
+                f"a backend call may take up to liveness_timeout_s={self.liveness_timeout_s} s but the "
+                f"work consumer leaves its group after {self.consumer.max_poll_interval_ms} ms without a "
+                f"poll: set {prefix}CONSUMER__MAX_POLL_INTERVAL_MS >= 1000 x {prefix}LIVENESS_TIMEOUT_S, "
+                f"or lower {prefix}LIVENESS_TIMEOUT_S"
             )
         if self.backend is BackendKind.VLLM:
             self._check_vllm(prefix)

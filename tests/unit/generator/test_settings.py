@@ -67,6 +67,7 @@ def test_node_seed_defaults_to_a_stable_function_of_the_node_id() -> None:
         ({"quantization": "int8-dynamic", "dtype": "bfloat16"}, "SAPO_GENERATOR_DTYPE=float32"),
         ({"quantization": "int8-dynamic", "device": "cuda"}, "SAPO_GENERATOR_DEVICE=cpu"),
         ({"quantization": "int4"}, "SAPO_GENERATOR_QUANTIZATION"),
+        ({"liveness_timeout_s": 3600}, "SAPO_GENERATOR_CONSUMER__MAX_POLL_INTERVAL_MS"),
     ],
 )
 def test_invalid_combinations_say_what_to_set(overrides: dict[str, object], says: str) -> None:
