@@ -11,9 +11,10 @@ the limit: refused by librdkafka or the broker), `queue_full` (backpressure beyo
 `timeout` (no acknowledgement within message.timeout.ms), `fatal` (the idempotent producer is
 unusable: the service must stop and be restarted), `retriable` and `refused` (anything else the
 broker or client turned down). A refused produce raises `ProduceError` with its kind; a failed
-delivery is counted by kind in `sapo_<service>_produce_errors_total{kind}` and logged. Callers decide
-what a failure means: a dead letter that cannot be written is counted and dropped
-(`sapo.kafka.dlq`), a batch or policy update the broker did not take stops the service.
+delivery is counted by kind in `sapo_<service>_produce_errors_total{kind}`, logged, and (for `send`)
+reported by the next `flush` as not delivered. Callers decide what a failure means: a dead letter
+that cannot be written is counted and dropped (`sapo.kafka.dlq`), a batch or policy update the broker
+did not take stops the service, and so do groups or work items a flush reports not delivered.
 """
 
 from __future__ import annotations
@@ -64,8 +65,10 @@ class KafkaPublisher:
         self._metrics = metrics
         self._queue_full_timeout_s = queue_full_timeout_s
         self.errors = 0
+        self._failed = 0
+        """Messages `send` queued whose delivery failed since the last `flush`, which reports them."""
 
-    def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+    def _report(self, err: KafkaError | None, msg: Message) -> None:
         if err is not None:
             self.errors += 1
             kind = error_kind(err)
@@ -74,6 +77,11 @@ class KafkaPublisher:
             log.error("delivery to %s failed (%s): %s", msg.topic(), kind, err)
         elif self._metrics:
             self._metrics.produced.inc()
+
+    def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        self._report(err, msg)
+        if err is not None:
+            self._failed += 1
 
     def _produce(
         self,
@@ -147,7 +155,7 @@ class KafkaPublisher:
         result: list[tuple[KafkaError | None, Message]] = []
 
         def on_delivery(err: KafkaError | None, msg: Message) -> None:
-            self._on_delivery(err, msg)
+            self._report(err, msg)  # a failure raises here, not in a later flush
             result.append((err, msg))
 
         for piece, piece_headers in pieces:
@@ -169,10 +177,13 @@ class KafkaPublisher:
         self._producer.poll(timeout_s)
 
     def flush(self, timeout_s: float) -> int:
+        """Wait for queued messages; returns how many messages `send` queued since the last flush were
+        not delivered: still queued, or failed (refused by the broker, timed out before the wait ended)."""
         remaining = int(self._producer.flush(timeout_s))
+        failed, self._failed = self._failed, 0
         if remaining:
             log.warning("%d messages still undelivered after %.1fs flush", remaining, timeout_s)
-        return remaining
+        return remaining + failed
 
     def close(self, timeout_s: float = 10.0) -> int:
         """Deliver what is queued (for up to `timeout_s`), drop the rest, and release the client, so that

@@ -102,7 +102,8 @@ class Publisher(Protocol):
         `cancel()` ends (a stop asked for) raises `DeliveryError` like one that timed out."""
 
     def flush(self, timeout_s: float) -> int:
-        """Wait for queued messages; returns how many are still undelivered."""
+        """Wait for queued messages; returns how many sent since the last flush are not delivered (still
+        queued, or failed)."""
 
 
 class Watermarks:

@@ -1,0 +1,32 @@
+"""KafkaPublisher's flush: what it reports as not delivered."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from sapo.kafka import DeliveryError, KafkaPublisher
+
+pytestmark = pytest.mark.unit
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_a_send_whose_delivery_failed_before_the_flush_is_reported_not_delivered() -> None:
+    """A message that failed within the wait (here it timed out: no broker) has left librdkafka's
+    queue: a generator flushing its groups took it for delivered and committed the items."""
+    bootstrap = f"127.0.0.1:{_closed_port()}"
+    publisher = KafkaPublisher({"bootstrap.servers": bootstrap, "message.timeout.ms": "300"})
+    try:
+        publisher.send("t", b"k", b"v")
+        with pytest.raises(DeliveryError):  # its own failure raises here, and is not reported again
+            publisher.send_sync("t", b"k", b"w", timeout_s=10.0)
+        assert publisher.flush(10.0) == 1
+        assert publisher.flush(0.0) == 0  # reported once
+    finally:
+        publisher.close(timeout_s=0.0)
