@@ -86,8 +86,16 @@ _T = TypeVar("_T")
 
 
 def _entries(items: list[dict[str, Any]]) -> tuple[FileEntry, ...]:
-    # Format 1 named the digest field after its (only) algorithm.
-    return tuple(FileEntry(f["name"], f.get("digest") or f["sha256"], int(f["bytes"])) for f in items)
+    return tuple(_entry(f) for f in items)
+
+
+def _entry(item: dict[str, Any]) -> FileEntry:
+    """One listed file; a name that is no plain file name of the version's directory (not text, a path
+    reaching elsewhere) is refused here, before a reader joins it to the directory."""
+    name, digest = item["name"], item.get("digest") or item["sha256"]  # format 1: "sha256"
+    if not isinstance(name, str) or name in ("", ".", "..") or "/" in name:
+        raise ValueError(f"file name {name!r} is not a plain file name")
+    return FileEntry(name, digest, int(item["bytes"]))
 
 
 def _entry_json(entries: tuple[FileEntry, ...]) -> list[dict[str, Any]]:

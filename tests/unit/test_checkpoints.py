@@ -320,3 +320,16 @@ def test_a_store_that_finds_no_credentials_is_unavailable_and_says_what_to_set(
     with pytest.raises(storage.CheckpointError) as error:
         read_manifest(f"{no_s3_credentials}/n1/v00000001/{MANIFEST}", "0" * 64)
     assert error.value.reason == "unavailable" and "AWS_ACCESS_KEY_ID" in str(error.value)
+
+
+@pytest.mark.parametrize("name", [5, None, ["x"], "", "..", "../v00000002/m.safetensors", "/etc/hostname"])
+def test_a_manifest_naming_no_plain_file_is_malformed(tmp_path: Path, name: object) -> None:
+    """The announced digest pins the manifest, not what it says: a name that is no text crashed the
+    generator reading it (a TypeError), and a path would lead the reader out of the version."""
+    entry = {"name": name, "digest": "0" * 32, "bytes": 1}
+    body = {"node_id": "n1", "version": 1, "base_model": "tiny:0", "dtype": "float32", "created_at": 0.0}
+    manifest = tmp_path / MANIFEST
+    manifest.write_bytes(json.dumps(body | {"format": 2, "digest": "xxh3-128", "weights": [entry]}).encode())
+    with pytest.raises(CheckpointError, match="plain file name") as error:
+        read_manifest(manifest.as_uri(), hashlib.sha256(manifest.read_bytes()).hexdigest())
+    assert error.value.reason == "malformed"
