@@ -106,7 +106,7 @@ class DeadLetters:
         never raised."""
         key, value, headers = dead_letter(record, reason, detail, self._service, self._max_value_bytes)
         try:
-            self._publisher.send(self._topic, key, value, headers)
+            self._publisher.send(self._topic, key, value, headers, best_effort=True)
         except ProduceError as exc:
             self._metrics.dead_letters_failed.labels(exc.kind).inc()
             source = f"{record.topic}/{record.partition}/{record.offset}"

@@ -43,6 +43,8 @@ class MemoryPublisher:
         value: bytes,
         headers: Sequence[Header] = (),
         partition: int | None = None,
+        *,
+        best_effort: bool = False,
     ) -> None:
         self.send_sync(topic, key, value, headers)
 

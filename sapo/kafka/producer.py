@@ -12,9 +12,10 @@ the limit: refused by librdkafka or the broker), `queue_full` (backpressure beyo
 unusable: the service must stop and be restarted), `retriable` and `refused` (anything else the
 broker or client turned down). A refused produce raises `ProduceError` with its kind; a failed
 delivery is counted by kind in `sapo_<service>_produce_errors_total{kind}`, logged, and (for `send`)
-reported by the next `flush` as not delivered. Callers decide what a failure means: a dead letter
-that cannot be written is counted and dropped (`sapo.kafka.dlq`), a batch or policy update the broker
-did not take stops the service, and so do groups or work items a flush reports not delivered.
+reported by the next `flush` as not delivered (unless sent `best_effort`). Callers decide what a
+failure means: a dead letter that cannot be written is counted and dropped (`sapo.kafka.dlq` sends
+best effort, so a broken dead-letter topic never stops a service), a batch or policy update the
+broker did not take stops the service, and so do groups or work items a flush reports not delivered.
 """
 
 from __future__ import annotations
@@ -128,9 +129,12 @@ class KafkaPublisher:
         value: bytes,
         headers: Sequence[Header] = (),
         partition: int | None = None,
+        *,
+        best_effort: bool = False,
     ) -> None:
+        report = self._report if best_effort else self._on_delivery
         for piece, piece_headers in split(value, headers, self._chunk_bytes):
-            self._produce(topic, key, piece, piece_headers, self._on_delivery, partition=partition)
+            self._produce(topic, key, piece, piece_headers, report, partition=partition)
 
     def partitions(self, topic: str, timeout_s: float = 10.0) -> int:
         metadata = self._producer.list_topics(topic, timeout=timeout_s).topics.get(topic)

@@ -81,9 +81,12 @@ class Publisher(Protocol):
         value: bytes,
         headers: Sequence[Header] = (),
         partition: int | None = None,
+        *,
+        best_effort: bool = False,
     ) -> None:
         """Queue a message (to `partition`, or the key's; in chunks when larger than one message may
-        be: `sapo.kafka.chunks`); delivery failures surface through the producer's error accounting."""
+        be: `sapo.kafka.chunks`); delivery failures surface through the producer's error accounting
+        and the next `flush`, except a `best_effort` one's (a dead letter), which is counted only."""
 
     def partitions(self, topic: str) -> int:
         """How many partitions `topic` has (from the cluster's metadata)."""

@@ -5,8 +5,9 @@ from __future__ import annotations
 import socket
 
 import pytest
+from prometheus_client import CollectorRegistry
 
-from sapo.kafka import DeliveryError, KafkaPublisher
+from sapo.kafka import DeadLetters, DeliveryError, KafkaPublisher, Record, TransportMetrics
 
 pytestmark = pytest.mark.unit
 
@@ -28,5 +29,19 @@ def test_a_send_whose_delivery_failed_before_the_flush_is_reported_not_delivered
             publisher.send_sync("t", b"k", b"w", timeout_s=10.0)
         assert publisher.flush(10.0) == 1
         assert publisher.flush(0.0) == 0  # reported once
+    finally:
+        publisher.close(timeout_s=0.0)
+
+
+def test_a_best_effort_send_that_failed_is_counted_but_never_fails_a_flush() -> None:
+    """A dead letter goes out best effort on the service's own publisher: had its failure reached the
+    next flush, a broken dead-letter topic would stop the generator at every bad record."""
+    bootstrap = f"127.0.0.1:{_closed_port()}"
+    publisher = KafkaPublisher({"bootstrap.servers": bootstrap, "message.timeout.ms": "300"})
+    try:
+        metrics = TransportMetrics(CollectorRegistry(), "test")
+        DeadLetters(publisher, "dlq", "test", metrics).send(Record("in", 0, 7, b"k", b"bad"), "undecodable")
+        assert publisher.flush(10.0) == 0
+        assert publisher.errors == 1  # counted all the same
     finally:
         publisher.close(timeout_s=0.0)
