@@ -237,20 +237,21 @@ class SamplerService:
     def prepare(cls, settings: SamplerSettings) -> Callable[[Runtime], Self | None]:
         """The trust list (and pins) identity needs, read before any connection opens: a missing or
         broken one fails at start saying what to set, not once the lease is taken. Returns what wires
-        the service to a runtime (`from_runtime`) with the trust store read here; the keys topic keeps
-        it current from then on."""
-        return functools.partial(cls.from_runtime, settings, trust=trust_store(settings))
+        the service to a runtime (`from_runtime`), which reads them again once it holds the lease."""
+        trust_store(settings)
+        return functools.partial(cls.from_runtime, settings)
 
     @classmethod
-    def from_runtime(
-        cls, settings: SamplerSettings, runtime: Runtime, *, trust: TrustStore | None
-    ) -> Self | None:
+    def from_runtime(cls, settings: SamplerSettings, runtime: Runtime) -> Self | None:
         """Take the node's sampler lease (a standby waits), recover the history from the batch topic,
         then wire the service; None if stopped meanwhile."""
         lease = node_lease(runtime, settings, SERVICE)
         if not lease.acquire():  # recovery reads the batch topic only once no other sampler writes it
             return None
         runtime.health.require("partitions_assigned", "recovered")  # after: a standby is ready
+        # Read with the lease held: the sampler a standby replaces kept pinning meanwhile, and a store
+        # read at start would lack those pins and drop them from the pins file at its first own pin.
+        trust = trust_store(settings)
         identity = None if trust is None else identity_gate(runtime, settings, trust)
         history = read_history(
             runtime.consumer("sampler-recovery", per_process=True),

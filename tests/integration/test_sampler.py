@@ -18,15 +18,19 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sapo.cpuslice import DEFAULT_SLICE_MS
+from sapo.identity import NodeKey, TrustMode
+from sapo.identity.settings import IdentitySettings
+from sapo.identity.trustlist import TrustList, save_trust_list
 from sapo.kafka import DeadLetters, KafkaPublisher, Record, TransportMetrics
 from sapo.lifecycle import StopFlag
 from sapo.node.metrics import SamplerMetrics
 from sapo.node.recovery import read_history
 from sapo.node.sampler import SamplerService
 from sapo.ops import Health, OpsServer
+from sapo.runtime import start_runtime
 from sapo.sampler import VerifyMode
 from sapo.sampler.settings import SamplerSettings
-from sapo.settings import ConsumerProfile
+from sapo.settings import ConsumerProfile, KafkaConnection
 from sapo.topics import TopicNames, ensure_topics
 from sapo.v1 import batch_pb2, rollout_pb2
 from tests.integration.kafka_helpers import consumer
@@ -315,3 +319,36 @@ def test_sigkill_mid_stream_neither_loses_nor_repeats_a_batch_or_a_group(
     assert len(used) == len(set(used)), "a group landed in two batches"
     assert set(used) == {g.group_id for pair in groups for g in pair}, "an eligible group was lost"
     assert "emitted" in log_path.read_text()
+
+
+def test_a_standby_reads_the_pins_kept_while_it_waited_for_the_lease(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    """The sampler a standby replaces keeps pinning keys (tofu) until it dies: a trust store read when
+    the standby started would lack those pins, accept another key for their nodes and drop them from
+    the pins file at its first own pin."""
+    _topics(kafka_bootstrap, topic_prefix)
+    pins = tmp_path / "pins.yaml"
+    settings = SamplerSettings(
+        node_id=NODE,
+        topic_prefix=topic_prefix,
+        kafka=KafkaConnection(bootstrap_servers=kafka_bootstrap),
+        consumer=ConsumerProfile.local(),
+        http_host="127.0.0.1",
+        http_port=0,
+        recovery_idle_s=1.0,
+        identity=IdentitySettings(mode=TrustMode.TOFU, pins_file=pins),
+    )
+    build = SamplerService.prepare(settings)  # the standby starts: no pins yet
+    # Meanwhile the active sampler pins a peer's key, then dies.
+    save_trust_list(pins, TrustList().with_key(PEERS[0], NodeKey.generate().public_text))
+    runtime = start_runtime("sampler", settings, install_signals=False)
+    try:
+        service = build(runtime)  # the lease is free: the standby takes over
+        assert service is not None
+        try:
+            assert runtime.registry.get_sample_value("sapo_sampler_trusted_keys") == 1
+        finally:
+            service.close()
+    finally:
+        runtime.close()
