@@ -405,6 +405,16 @@ def test_a_label_in_both_common_and_pod_labels_is_refused() -> None:
     )
 
 
+def test_pod_labels_install_with_common_labels_cleared() -> None:
+    """`commonLabels: null` (a later values file clearing the map) failed the check above in a
+    template type error."""
+    pods = [
+        d["spec"]["template"]
+        for d in of_kind(render(None, "commonLabels=null", "podLabels.team=b"), "Deployment")
+    ]
+    assert pods and all(pod["metadata"]["labels"]["team"] == "b" for pod in pods)
+
+
 def test_every_scenario_renders_with_everything_on() -> None:
     for values in CI_VALUES:
         docs = render(
