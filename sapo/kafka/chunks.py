@@ -161,8 +161,9 @@ class Reassembler:
                 self.dropped.append(Incomplete("incomplete_message", (record,), index < count - 1))
                 return None
             resent = self._by_key.get((record.tp, record.key))
-            if resent is not None:  # the producer sends the message again: the cut-short copy is dead
-                self._give_up(resent, "incomplete_message")
+            if resent is not None:  # the message is sent again: the copy open under its key is dead
+                # (unless a second sender still sends it, after a rebalance: its later chunks are skipped)
+                self._give_up(resent, "incomplete_message", more=True)
             if (count - 1) * len(record.value or b"") >= self._max_payload:
                 self.dropped.append(Incomplete("oversized", (record,), more=count > 1))
                 return None
@@ -197,7 +198,7 @@ class Reassembler:
             slot, oldest = next(iter(self._open.items()))
             if now - oldest.last_s <= self._stale_s:
                 break
-            self._give_up(slot, "incomplete_message")
+            self._give_up(slot, "incomplete_message", more=True)  # its producer may only have stalled
         return now
 
     def _pop(self, slot: tuple[TopicPartition, str]) -> _Open:

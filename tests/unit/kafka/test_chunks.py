@@ -313,3 +313,43 @@ def test_a_message_broken_in_the_middle_is_one_rejection_and_all_its_chunks_are_
     )
     assert rejected == 1
     assert bus.committed[("g", ("t", 0))] == len(pieces) + 1
+
+
+def test_a_stale_message_whose_later_chunks_come_after_all_is_one_rejection() -> None:
+    """Its producer stalled past the stale window (a partition leader away for minutes), then sent the
+    rest: given up once by the sweep, the later chunks are skipped, not each a new rejection."""
+    bus = MemoryBus()
+    pieces = split(os.urandom(60), [], 10)
+    bus.append("t", b"big", *pieces[0])
+    consumer = Collecting(bus, MemoryPublisher(bus))
+    loop = consumer.loop
+    now = [0.0]
+    loop._reassembler = Reassembler(1000, 1000, stale_s=60, clock=lambda: now[0])
+    loop.open()
+    assert loop.step()
+    now[0] = 61.0
+    assert not loop.step()  # the sweep gives the message up
+    for value, headers in pieces[1:]:
+        bus.append("t", b"big", value, headers)
+    while loop.step():
+        pass
+    loop.commit()
+    assert consumer.values() == []
+    assert [r.headers["sapo-dlq-reason"] for r in bus.topics["dlq"]] == [b"incomplete_message"]
+    assert bus.committed[("g", ("t", 0))] == len(pieces)
+
+
+def test_a_copy_given_up_for_a_resent_one_is_one_rejection_when_both_interleave() -> None:
+    """Two replicas sending the same group under its key (the work partition moved on mid-call): the
+    first copy is given up at the second's first chunk, its later chunks are skipped, and the second
+    copy is handed over."""
+    bus = MemoryBus()
+    first, again = os.urandom(30), os.urandom(30)
+    for one, other in zip(split(first, [], 10), split(again, [], 10), strict=True):
+        bus.append("t", b"group", *one)
+        bus.append("t", b"group", *other)
+    consumer = Collecting(bus, MemoryPublisher(bus))
+    assert consumer.loop.run(idle_timeout_s=0.0) == 6
+    assert consumer.values() == [again]
+    assert [r.headers["sapo-dlq-reason"] for r in bus.topics["dlq"]] == [b"incomplete_message"]
+    assert bus.committed[("g", ("t", 0))] == 6
