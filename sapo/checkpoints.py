@@ -91,9 +91,10 @@ def _entries(items: list[dict[str, Any]]) -> tuple[FileEntry, ...]:
 
 def _entry(item: dict[str, Any]) -> FileEntry:
     """One listed file; a name that is no plain file name of the version's directory (not text, a path
-    reaching elsewhere) is refused here, before a reader joins it to the directory."""
+    reaching elsewhere, a NUL no file system takes: read as a store failing, retried) is refused here,
+    before a reader joins it to the directory."""
     name, digest = item["name"], item.get("digest") or item["sha256"]  # format 1: "sha256"
-    if not isinstance(name, str) or name in ("", ".", "..") or "/" in name:
+    if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\0" in name:
         raise ValueError(f"file name {name!r} is not a plain file name")
     return FileEntry(name, digest, int(item["bytes"]))
 

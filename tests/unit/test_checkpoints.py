@@ -322,7 +322,9 @@ def test_a_store_that_finds_no_credentials_is_unavailable_and_says_what_to_set(
     assert error.value.reason == "unavailable" and "AWS_ACCESS_KEY_ID" in str(error.value)
 
 
-@pytest.mark.parametrize("name", [5, None, ["x"], "", "..", "../v00000002/m.safetensors", "/etc/hostname"])
+@pytest.mark.parametrize(
+    "name", [5, None, ["x"], "", "..", "../v00000002/m.safetensors", "/etc/hostname", "m\0.safetensors"]
+)
 def test_a_manifest_naming_no_plain_file_is_malformed(tmp_path: Path, name: object) -> None:
     """The announced digest pins the manifest, not what it says: a name that is no text crashed the
     generator reading it (a TypeError), and a path would lead the reader out of the version."""
