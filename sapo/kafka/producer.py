@@ -68,6 +68,9 @@ class KafkaPublisher:
         self.errors = 0
         self._failed = 0
         """Messages `send` queued whose delivery failed since the last `flush`, which reports them."""
+        self._unacked = 0
+        """Messages `send` queued (not best effort) with no delivery report yet: a dead letter or a
+        `send_sync` message still in librdkafka's queue is no undelivered message of `flush`'s."""
 
     def _report(self, err: KafkaError | None, msg: Message) -> None:
         if err is not None:
@@ -81,6 +84,7 @@ class KafkaPublisher:
 
     def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         self._report(err, msg)
+        self._unacked -= 1
         if err is not None:
             self._failed += 1
 
@@ -135,6 +139,8 @@ class KafkaPublisher:
         report = self._report if best_effort else self._on_delivery
         for piece, piece_headers in split(value, headers, self._chunk_bytes):
             self._produce(topic, key, piece, piece_headers, report, partition=partition)
+            if not best_effort:
+                self._unacked += 1
 
     def partitions(self, topic: str, timeout_s: float = 10.0) -> int:
         metadata = self._producer.list_topics(topic, timeout=timeout_s).topics.get(topic)
@@ -187,15 +193,16 @@ class KafkaPublisher:
         failed, self._failed = self._failed, 0
         if remaining:
             log.warning("%d messages still undelivered after %.1fs flush", remaining, timeout_s)
-        return remaining + failed
+        return self._unacked + failed
 
     def close(self, timeout_s: float = 10.0) -> int:
         """Deliver what is queued (for up to `timeout_s`), drop the rest, and release the client, so that
         no connection outlives the call (a client left to the garbage collector keeps reconnecting to
-        a broker that is gone). Returns how many messages were dropped; sending afterwards fails."""
-        remaining = self.flush(timeout_s)
-        if remaining:
+        a broker that is gone). Returns how many messages `send` queued were not delivered (as `flush`:
+        dead letters dropped are counted only); sending afterwards fails."""
+        undelivered = self.flush(timeout_s)
+        if len(self._producer):
             self._producer.purge()
             self._producer.flush(0)  # the purged messages' delivery reports: counted as failed
         self._producer.close()
-        return remaining
+        return undelivered
