@@ -325,9 +325,9 @@ class Disposition(enum.Enum):
 
 MAX_SKIPPING: Final = 4096
 """Chunked messages refused before their last chunk that a loop remembers, to finish their later
-chunks without reporting them again; past it the oldest is forgotten (its later chunks are then
-refused one by one as `incomplete_message`). A peer's flood of first chunks it never follows up
-must not grow a consumer's memory for as long as it holds the partition."""
+chunks without reporting them again; past it the oldest is forgotten (its next chunk is then
+refused once more, as `incomplete_message`, and the rest skipped again). A peer's flood of first
+chunks it never follows up must not grow a consumer's memory for as long as it holds the partition."""
 
 Handler = Callable[[Record], Disposition]
 Prefilter = Callable[[Record], str | None]
