@@ -147,11 +147,12 @@ class KafkaConsumerClient:
                 # with its broker gone must not die in a traceback. The next owner re-reads from the
                 # last commit, which the consumer loop's at-least-once contract allows.
                 log.warning("final commit lost while closing: %s", exc)
-            elif code == KafkaError._ASSIGNMENT_LOST:
+            elif code in _GROUP_MOVED_ON:
                 # The group moved the partitions on (no poll for max.poll.interval.ms: a long backend
-                # call); the next poll reports them lost and their next owner re-reads them from the
-                # last commit, as after any loss.
-                log.warning("commit skipped, the partitions were taken away: %s", exc)
+                # call; the member dropped after session.timeout.ms; a rebalance under way): the next
+                # poll reports them lost or revoked and their next owner re-reads them from the last
+                # commit, as after any loss.
+                log.warning("commit skipped, the group moved the partitions on: %s", exc)
             elif code != KafkaError._NO_OFFSET:
                 raise
 
@@ -283,6 +284,17 @@ set: a checked call raises SystemError (from that error), but a call the interpr
 (any hot call site, such as a plain `msg.headers()` here) skips the check and the list then crashes
 the process. One such record from any producer must not stop a service: it is returned without
 headers and refused by the loop (`bad_header`)."""
+
+
+_GROUP_MOVED_ON: Final = frozenset(
+    {
+        KafkaError._ASSIGNMENT_LOST,
+        KafkaError.ILLEGAL_GENERATION,
+        KafkaError.UNKNOWN_MEMBER_ID,
+        KafkaError.REBALANCE_IN_PROGRESS,
+    }
+)
+"""Commit errors that mean this member's partitions are (being) handed on, not a failure of ours."""
 
 
 def to_record(msg: Message) -> Record | None:
