@@ -25,6 +25,7 @@ from sapo.node.metrics import GeneratorMetrics, SamplerMetrics, TrainerMetrics
 from sapo.runtime import gate_waits
 from sapo.swarm.launcher import GATED
 from tests.deploy.helm import (
+    CHART,
     CI_VALUES,
     CRD_API,
     NAMESPACE,
@@ -205,20 +206,44 @@ def test_a_stalled_alert_waits_out_its_window_after_a_start(duration: str, secon
     )
 
 
+def job_matchers(rule: dict[str, Any]) -> list[re.Pattern[str]]:
+    """Every job matcher of the rule's alerts as the regex Prometheus applies: the PromQL string
+    decoded (its escapes are JSON's), anchored at both ends; `job="x"` as the literal x."""
+    found = []
+    for group in rule["spec"]["groups"]:
+        for alert in group["rules"]:
+            for op, literal in re.findall(r'\bjob(=~?)"((?:[^"\\]|\\.)*)"', alert["expr"]):
+                text = json.loads(f'"{literal}"')
+                found.append(re.compile(text if op == "=~" else re.escape(text)))
+    return found
+
+
 def test_alerts_select_the_jobs_of_the_services_a_long_release_name_gets() -> None:
     """The ServiceMonitor's job is the Service name, which a long fullname shortens to fit 63
     characters: every job an alert selects must be one of the rendered Services."""
     docs = render(None, "prometheusRule.enabled=true", "fullnameOverride=" + "n" * 63)
     services = {svc["metadata"]["name"] for svc in of_kind(docs, "Service")}
     (rule,) = of_kind(docs, "PrometheusRule")
-    selected = {
-        job
-        for group in rule["spec"]["groups"]
-        for alert in group["rules"]
-        for matcher in re.findall(r'\bjob=~?"([^"]+)"', alert["expr"])
-        for job in matcher.split("|")
-    }
-    assert selected == services
+    matchers = job_matchers(rule)
+    assert all(any(matcher.fullmatch(job) for job in services) for matcher in matchers)
+    assert {job for job in services for matcher in matchers if matcher.fullmatch(job)} == services
+
+
+def test_alerts_take_a_dot_in_the_release_name_literally() -> None:
+    """A release name may hold '.': the job regex must match that dot only, not any character, or
+    one node's alerts would also watch a release whose name differs there."""
+    helm = require_tool("helm")
+    result = run(
+        helm, "template", "a.b", str(CHART), "--namespace", NAMESPACE, "--set", "prometheusRule.enabled=true"
+    )
+    assert result.returncode == 0, result.stderr
+    docs = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    services = {svc["metadata"]["name"] for svc in of_kind(docs, "Service")}
+    (rule,) = of_kind(docs, "PrometheusRule")
+    for matcher in job_matchers(rule):
+        matched = {job for job in services if matcher.fullmatch(job)}
+        assert matched, matcher.pattern
+        assert not any(matcher.fullmatch(job.replace(".", "x")) for job in matched), matcher.pattern
 
 
 def test_promtool_check_rules(tmp_path: Path) -> None:
