@@ -149,6 +149,45 @@ Secrets come from existing Secrets only (secretKeyRef), never from values.
 {{- end }}
 
 {{/*
+One entry of a bootstrapServers list that the services take (sapo.cliargs.broker_addresses) or
+stricter: [SCHEME://]host:port with the port named, 1-65535 without a leading zero; a host name of
+labels of at most 63 characters, or an IPv6 address in brackets (RFC 3986's forms).
+Here rather than as a schema pattern, whose refusal would print the whole expression.
+*/}}
+{{- define "sapo-node.brokerPattern" -}}
+{{- $h16 := `[0-9A-Fa-f]{1,4}` }}
+{{- $octet := `(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])` }}
+{{- $ls32 := printf `(%s:%s|%s(\.%s){3})` $h16 $h16 $octet $octet }}
+{{- $ipv6 := list
+  (printf `(%s:){6}%s` $h16 $ls32)
+  (printf `::(%s:){5}%s` $h16 $ls32)
+  (printf `(%s)?::(%s:){4}%s` $h16 $h16 $ls32)
+  (printf `((%s:){0,1}%s)?::(%s:){3}%s` $h16 $h16 $h16 $ls32)
+  (printf `((%s:){0,2}%s)?::(%s:){2}%s` $h16 $h16 $h16 $ls32)
+  (printf `((%s:){0,3}%s)?::%s:%s` $h16 $h16 $h16 $ls32)
+  (printf `((%s:){0,4}%s)?::%s` $h16 $h16 $ls32)
+  (printf `((%s:){0,5}%s)?::%s` $h16 $h16 $h16)
+  (printf `((%s:){0,6}%s)?::` $h16 $h16) }}
+{{- $host := `[A-Za-z0-9_-]{1,63}(\.[A-Za-z0-9_-]{1,63})*\.?` }}
+{{- $port := `(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})` }}
+{{- printf `^((PLAINTEXT|SSL|SASL_PLAINTEXT|SASL_SSL)://)?(%s|\[(%s)\]):%s$` $host (join "|" $ipv6) $port }}
+{{- end }}
+
+{{/* Refuses a bootstrapServers list of a form the services refuse, naming the entry at fault and the
+form expected; an empty list is left to `required`. Call with (dict "name" "kafka" "conn" .Values.kafka). */}}
+{{- define "sapo-node.validateBrokers" -}}
+{{- $ctx := . }}
+{{- $address := include "sapo-node.brokerPattern" . }}
+{{- with .conn.bootstrapServers }}
+{{- range $broker := splitList "," . }}
+{{- if not (regexMatch $address $broker) }}
+{{- fail (printf "%s.bootstrapServers=%q: %q is not a broker address; expected host:port[,host:port...] (port 1-65535, an IPv6 host in brackets as [::1]:9092, optionally the securityProtocol's scheme first as SASL_SSL://host:port)" $ctx.name $ctx.conn.bootstrapServers $broker) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
 Fail early, with what to set, on combinations the schema cannot express. Mirrors the checks in
 sapo.settings.KafkaConnection so a bad release fails at `helm install`, not in a crash loop.
 */}}
