@@ -179,10 +179,20 @@ def test_swarm_topic_only_on_request() -> None:
 # --- alerts and dashboard --------------------------------------------------------------------------
 
 
-def rule_groups() -> list[dict[str, Any]]:
-    (rule,) = of_kind(render(None, "prometheusRule.enabled=true"), "PrometheusRule")
+def rule_groups(*sets: str) -> list[dict[str, Any]]:
+    (rule,) = of_kind(render(None, "prometheusRule.enabled=true", *sets), "PrometheusRule")
     groups: list[dict[str, Any]] = rule["spec"]["groups"]
     return groups
+
+
+def promtool_test(directory: Path, groups: list[dict[str, Any]], tests: list[dict[str, Any]]) -> str:
+    """`promtool test rules` of `tests` against `groups`: its output, empty when every test passed."""
+    promtool = require_tool("promtool")
+    (directory / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}, sort_keys=False))
+    suite = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": tests}
+    (directory / "test.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
+    result = run(promtool, "test", "rules", "test.yaml", cwd=directory)
+    return "" if result.returncode == 0 else result.stdout + result.stderr
 
 
 @pytest.mark.parametrize(
@@ -260,6 +270,25 @@ def test_promtool_unit_tests(tmp_path: Path) -> None:
     shutil.copy(PROMTOOL_TESTS, tmp_path / PROMTOOL_TESTS.name)
     result = run(promtool, "test", "rules", PROMTOOL_TESTS.name, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_a_disabled_service_is_not_reported_absent(tmp_path: Path, service: str) -> None:
+    """With `<service>.enabled=false` the release has no target of that service, and SapoServiceAbsent
+    must not fire for it; it still fires for an enabled service that has none."""
+    up = [
+        {
+            "series": f'up{{namespace="{NAMESPACE}", job="sapo-node-{s}", instance="10.0.0.1:8080"}}',
+            "values": "1x20",
+        }
+        for s in SERVICES
+        if s != service
+    ]
+    quiet = {"interval": "1m", "input_series": up}
+    quiet["alert_rule_test"] = [{"eval_time": "15m", "alertname": "SapoServiceAbsent", "exp_alerts": []}]
+    assert not promtool_test(tmp_path, rule_groups(f"{service}.enabled=false"), [quiet])
+    # The same targets with the service enabled: its absence fires.
+    assert "SapoServiceAbsent" in promtool_test(tmp_path, rule_groups(), [quiet])
 
 
 def dashboard(*sets: str) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -480,3 +480,67 @@ def test_names_yaml_reads_as_booleans_or_numbers_stay_strings() -> None:
         assert found and all(isinstance(v, str) for _, v in found), [
             kv for kv in found if not isinstance(kv[1], str)
         ]
+
+
+# --- one service swapped for another implementation -------------------------------------------------
+
+EVERYTHING = (
+    "serviceMonitor.enabled=true",
+    "prometheusRule.enabled=true",
+    "networkPolicy.enabled=true",
+    "kafkaTopics.enabled=true",
+    "kafkaUser.enabled=true",
+    "generator.podDisruptionBudget.enabled=true",
+    "grafanaDashboard.enabled=true",
+)
+
+
+def selected_components(obj: dict[str, Any]) -> list[str]:
+    """The app.kubernetes.io/component values a ServiceMonitor or NetworkPolicy selects."""
+    spec = obj["spec"]
+    selector = spec["selector"] if obj["kind"] == "ServiceMonitor" else spec["podSelector"]
+    (expression,) = selector["matchExpressions"]
+    assert expression["key"] == "app.kubernetes.io/component" and expression["operator"] == "In"
+    values: list[str] = expression["values"]
+    return values
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_a_disabled_service_renders_none_of_its_objects(service: str) -> None:
+    """`<service>.enabled=false` leaves out the service's Deployment, Service and PodDisruptionBudget
+    and its part of the ServiceMonitor and NetworkPolicy; the objects the node shares (topics,
+    KafkaUser, service account, checkpoint volume) and the other two services stay as they were."""
+    everything = render(None, *EVERYTHING)
+    docs = render(None, *EVERYTHING, f"{service}.enabled=false")
+    others = [s for s in SERVICES if s != service]
+    of_service = [
+        f"{d['kind']}/{d['metadata']['name']}"
+        for d in docs
+        if d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == service
+    ]
+    assert not of_service
+    assert sorted(d["metadata"]["name"] for d in of_kind(docs, "Deployment")) == [
+        f"sapo-node-{s}" for s in others
+    ]
+    for kind in ("ServiceMonitor", "NetworkPolicy"):
+        (obj,) = of_kind(docs, kind)
+        assert selected_components(obj) == others
+    for kind in ("KafkaTopic", "KafkaUser", "ServiceAccount", "PersistentVolumeClaim"):
+        assert of_kind(docs, kind) == of_kind(everything, kind), kind
+    for other in others:
+        if (service, other) != ("trainer", "generator"):  # that one loses its affinity to the trainer
+            assert deployment(docs, other) == deployment(everything, other)
+
+
+def test_generators_without_the_charts_trainer_get_no_affinity_to_it() -> None:
+    """With a ReadWriteOnce checkpoint claim the generators must sit with the chart's trainer; without
+    that trainer no pod carries its labels and a required affinity would leave them Pending."""
+    with_trainer = pod_spec(deployment(render(None), "generator"))
+    assert with_trainer["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert "affinity" not in pod_spec(deployment(render(None, "trainer.enabled=false"), "generator"))
+
+
+def test_with_every_service_disabled_only_the_shared_objects_remain() -> None:
+    off = ("generator.enabled=false", "sampler.enabled=false", "trainer.enabled=false")
+    kinds = {d["kind"] for d in render(None, *EVERYTHING, *off)}
+    assert kinds == {"KafkaTopic", "KafkaUser", "ServiceAccount", "PersistentVolumeClaim", "ConfigMap"}

@@ -59,6 +59,18 @@ app.kubernetes.io/component: {{ .component }}
 app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
+{{/* The services this release runs (<service>.enabled), in the order generator, sampler, trainer: a
+JSON list, read with fromJsonArray. */}}
+{{- define "sapo-node.services" -}}
+{{- $on := list }}
+{{- range $component := list "generator" "sampler" "trainer" }}
+{{- if (index $.Values $component).enabled }}
+{{- $on = append $on $component }}
+{{- end }}
+{{- end }}
+{{- $on | toJson }}
+{{- end }}
+
 {{- define "sapo-node.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "sapo-node.fullname" .) .Values.serviceAccount.name }}
