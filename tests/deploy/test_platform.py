@@ -544,3 +544,74 @@ def test_with_every_service_disabled_only_the_shared_objects_remain() -> None:
     off = ("generator.enabled=false", "sampler.enabled=false", "trainer.enabled=false")
     kinds = {d["kind"] for d in render(None, *EVERYTHING, *off)}
     assert kinds == {"KafkaTopic", "KafkaUser", "ServiceAccount", "PersistentVolumeClaim", "ConfigMap"}
+
+
+# --- generator autoscaling ---------------------------------------------------------------------------
+
+
+def test_generators_scale_with_a_horizontal_pod_autoscaler() -> None:
+    """autoscaling/v2 on CPU, aimed at the generators' Deployment, which then leaves its replica count
+    to the autoscaler (a `replicas` of its own would be reset at every `helm upgrade`)."""
+    sets = (
+        "generator.autoscaling.enabled=true",
+        "generator.autoscaling.minReplicas=2",
+        "generator.autoscaling.maxReplicas=6",
+        "generator.autoscaling.targetCPUUtilizationPercentage=70",
+    )
+    docs = render(None, *sets)
+    (hpa,) = of_kind(docs, "HorizontalPodAutoscaler")
+    generator = deployment(docs, "generator")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    assert hpa["metadata"]["labels"]["app.kubernetes.io/component"] == "generator"
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": generator["metadata"]["name"],
+    }
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 6)
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric == {
+        "type": "Resource",
+        "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 70}},
+    }
+    assert "replicas" not in generator["spec"]
+    assert all(deployment(docs, s)["spec"]["replicas"] == 1 for s in ("sampler", "trainer"))
+    assert not of_kind(render(None), "HorizontalPodAutoscaler")
+    assert not of_kind(render(None, *sets, "generator.enabled=false"), "HorizontalPodAutoscaler")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "complaint"),
+    [
+        (
+            ("generator.autoscaling.minReplicas=5", "generator.autoscaling.maxReplicas=3"),
+            "generator.autoscaling.minReplicas (5) > maxReplicas (3)",
+        ),
+        (  # replicas beyond the work topic's partitions would idle
+            ("kafkaTopics.enabled=true", "generator.autoscaling.maxReplicas=12"),
+            "generator.autoscaling.maxReplicas (12) > kafkaTopics.workPartitions (8)",
+        ),
+        (
+            ("generator.resources.requests=null",),
+            "generator.autoscaling needs generator.resources.requests.cpu",
+        ),
+    ],
+)
+def test_generator_autoscaling_is_refused_where_it_cannot_work(
+    overrides: tuple[str, ...], complaint: str
+) -> None:
+    error = template_error("generator.autoscaling.enabled=true", *overrides)
+    assert complaint in error, error
+
+
+def test_kafka_topics_with_enough_partitions_take_the_autoscalers_maximum() -> None:
+    sets = ("generator.autoscaling.enabled=true", "generator.autoscaling.maxReplicas=12")
+    docs = render(None, *sets, "kafkaTopics.enabled=true", "kafkaTopics.workPartitions=12")
+    assert of_kind(docs, "HorizontalPodAutoscaler")
+
+
+@pytest.mark.parametrize("service", ["sampler", "trainer"])
+def test_the_single_writers_refuse_autoscaling_and_say_why(service: str) -> None:
+    error = template_error(f"{service}.autoscaling.enabled=true")
+    assert f"{service}.autoscaling: only the generators scale; the {service} is one writer" in error, error
+    assert f"{service}.standby=true" in error
