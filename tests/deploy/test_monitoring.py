@@ -21,6 +21,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from sapo.kafka.metrics import TransportMetrics
+from sapo.node.lease import LeaseMetrics
 from sapo.node.metrics import GeneratorMetrics, SamplerMetrics, TrainerMetrics
 from sapo.runtime import gate_waits
 from sapo.swarm.launcher import GATED
@@ -42,6 +43,8 @@ from tests.deploy.helm import (
 )
 
 pytestmark = pytest.mark.unit
+LEASED = ("sampler", "trainer")
+"""The services that hold a lease (sapo.node.lease.node_lease) and export its metrics."""
 
 
 # --- what the custom resources say (their fields are validated in test_crds.py) ------------------
@@ -389,12 +392,14 @@ def queried_metrics() -> dict[str, set[str]]:
 
 
 def service_registry(service: str) -> CollectorRegistry:
-    """A registry after the transport metrics and the service's own metrics are built, and the
-    compute gate's where the launcher gives the service one."""
+    """A registry after the transport metrics and the service's own metrics are built, the compute
+    gate's where the launcher gives the service one, and the lease's of the single writers."""
     registry = CollectorRegistry()
     TransportMetrics(registry, service)
     if service in GATED:
         gate_waits(service, registry)
+    if service in LEASED:
+        LeaseMetrics(registry, service)
     if service == "generator":
         GeneratorMetrics(registry, ())
     elif service == "sampler":
