@@ -1,7 +1,8 @@
 """What a platform team needs from the chart on the first install: a writable cache under a read-only
 root, models in the pods, Strimzi topics and user for the API version the cluster serves, mutual TLS,
-pods rolled when their Secrets change, and the usual knobs (PDB, NetworkPolicy, priority and runtime
-classes, spreading, common labels, extra objects).
+pods rolled when their Secrets change, the usual knobs (PDB, NetworkPolicy, priority and runtime
+classes, spreading, common labels, extra objects), one service switched off for another
+implementation, and the generators' autoscaler.
 """
 
 from __future__ import annotations
