@@ -8,11 +8,17 @@ A rollout group also carries `sapo-group-facts` (`GroupFacts`): what a lazily ve
 screens and pools a swarm group on, so that it decodes only the groups its selection picks. The
 header is optional (older senders do not write it, older receivers ignore it) and unsigned: whoever
 decodes the body checks that it says the same (`facts_mismatch`), which is where a lie is caught.
+
+A node's generator writes `sapo-generator-config` on each group too: the fingerprint of the settings
+that decide what it publishes for a work item (`sapo.generator.fingerprint`), which the node's sampler
+compares across the replicas (`sapo.sampler.configs`). Optional and unsigned like the facts: it is a
+diagnosis, nothing is accepted or refused on it.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -34,6 +40,10 @@ H_FACTS = "sapo-group-facts"
 FACTS_VERSION = "f1"
 """The first field of a `sapo-group-facts` value; a receiver ignores a header of another version."""
 _FACTS_PREFIX: Final = FACTS_VERSION.encode() + b";"
+H_GENERATOR_CONFIG = "sapo-generator-config"
+GENERATOR_CONFIG_CHARS: Final = 16
+"""Lower-case hex digits of a `sapo-generator-config` value (64 bits of a SHA-256)."""
+_GENERATOR_CONFIG_RE: Final = re.compile(rb"[0-9a-f]{%d}" % GENERATOR_CONFIG_CHARS)
 
 Headers = Mapping[str, bytes]
 M = TypeVar("M", bound=Message)
@@ -89,11 +99,28 @@ def message_headers(
 
 
 def rollout_headers(
-    group: rollout_pb2.RolloutGroup, value: bytes, signer: HeaderSigner | None = None
+    group: rollout_pb2.RolloutGroup,
+    value: bytes,
+    signer: HeaderSigner | None = None,
+    generator_config: str = "",
 ) -> list[tuple[str, bytes]]:
-    """Routing headers plus the group's facts (outside the signature: the body they restate is in it)."""
+    """Routing headers plus the group's facts (outside the signature: the body they restate is in it)
+    and, when given, the fingerprint of the generator settings it was sampled with (outside too:
+    only the node's own sampler reads it, as a diagnosis)."""
     headers = message_headers("RolloutGroup", group.node_id, value, group.question.task, signer)
-    return [*headers, (H_FACTS, encode_facts(group_facts(group)))]
+    headers.append((H_FACTS, encode_facts(group_facts(group))))
+    if generator_config:
+        headers.append((H_GENERATOR_CONFIG, generator_config.encode()))
+    return headers
+
+
+def read_generator_config(headers: Headers) -> str | None:
+    """The `sapo-generator-config` fingerprint of a record; None when absent (an older generator) or
+    not of the form `GENERATOR_CONFIG_CHARS` lower-case hex digits (another version's)."""
+    raw = headers.get(H_GENERATOR_CONFIG)
+    if raw is None or not _GENERATOR_CONFIG_RE.fullmatch(raw):
+        return None
+    return raw.decode("ascii")
 
 
 class GroupFacts(NamedTuple):

@@ -7,6 +7,7 @@ No Kafka here: `sapo.node.generator` wires these to the transport, the model bac
   items a replica holds in one backend call.
 - `sharing`: which groups go to the swarm topic.
 - `reload`: retrying a policy version that failed to load, and when to give up.
+- `fingerprint`: the digest of the settings that decide a group's content, written on each group.
 - `settings`: `GeneratorSettings`, the service's settings (imported from there, not from this package).
 
 The names below are imported on first use (`sapo.lazy`): `groups` loads torch, the settings must not.

@@ -37,6 +37,7 @@ from typing import NamedTuple, Self
 from sapo.backends import GenerationBackend
 from sapo.cpugate import Gate, NoGate
 from sapo.generator import Item, generate_items
+from sapo.generator.fingerprint import settings_fingerprint
 from sapo.generator.settings import BackendKind, GeneratorSettings
 from sapo.generator.sharing import scored_rewards
 from sapo.identity import IdentityError
@@ -62,7 +63,14 @@ from sapo.settings import ConfigError, env_prefix
 from sapo.tasks import MAX_POSITION, QuestionRecord, TaskStream
 from sapo.topics import TopicNames
 from sapo.v1 import rollout_pb2, work_pb2
-from sapo.wire import HeaderSigner, InvalidMessageError, decode, rollout_headers, validate_work_item
+from sapo.wire import (
+    H_GENERATOR_CONFIG,
+    HeaderSigner,
+    InvalidMessageError,
+    decode,
+    rollout_headers,
+    validate_work_item,
+)
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +173,8 @@ class GeneratorService:
         self._source = round_source(settings, backend.tokenizer)
         self._stream = TaskStream(settings.task_profile(), self._source.node_seed, "train")
         self._signer = signer
+        self._fingerprint = settings_fingerprint(settings)
+        log.info("settings fingerprint %s (each group's %s header)", self._fingerprint, H_GENERATOR_CONFIG)
         self._held = HeldItems()
         self._finished: OrderedDict[Slot, None] = OrderedDict()
         self.work = ConsumerLoop(
@@ -412,7 +422,7 @@ class GeneratorService:
         shared = 0
         for group in groups:
             value = group.SerializeToString()
-            headers = rollout_headers(group, value, self._signer)
+            headers = rollout_headers(group, value, self._signer, self._fingerprint)
             key = group.group_id.encode()
             self._publisher.send(self._topics.rollouts, key, value, headers)
             if settings.shares(group):

@@ -189,6 +189,21 @@ def test_a_missing_or_later_facts_header_is_no_claim() -> None:
     assert wire.facts_problem(group, {wire.H_FACTS: b"f2;whatever it says"}) is None
 
 
+def test_the_generator_config_header_is_written_when_given_and_read_only_in_its_form() -> None:
+    group = make_group()
+    value = group.SerializeToString()
+    config = "0123456789abcdef"
+    plain, marked = (
+        wire.rollout_headers(group, value),
+        wire.rollout_headers(group, value, generator_config=config),
+    )
+    assert marked == [*plain, (wire.H_GENERATOR_CONFIG, config.encode())]  # the rest as before
+    assert wire.read_generator_config(dict(marked)) == config
+    assert wire.read_generator_config(dict(plain)) is None  # an older generator
+    for raw in (b"", b"0123", config.upper().encode(), config.encode() + b"0", b"\xff" * 16, b"g" * 16):
+        assert wire.read_generator_config({wire.H_GENERATOR_CONFIG: raw}) is None
+
+
 def test_a_rejection_quotes_at_most_a_bounded_detail() -> None:
     """Details quote what a sender wrote (a 300 KB node id header, say) into log lines and headers."""
     error = wire.InvalidMessageError("identity_mismatch", "sent by " + "n" * 300_000)

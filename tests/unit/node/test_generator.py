@@ -14,6 +14,7 @@ from transformers import PreTrainedTokenizerBase
 from sapo import wire
 from sapo.backends import Sample, TransformersBackend
 from sapo.generator import Item, group_id
+from sapo.generator.fingerprint import settings_fingerprint
 from sapo.generator.settings import GeneratorSettings
 from sapo.identity import NodeKey, Sender, TrustStore
 from sapo.kafka import Record
@@ -97,6 +98,7 @@ def test_every_group_goes_private_and_only_the_shared_subset_to_the_swarm(
         assert record.key == group.group_id.encode()
         assert receiver.identify(record.headers, record.value, 0.0) == Sender("node-a", key.key_id)
         assert wire.header_str(record.headers, wire.H_TASK) == group.question.task
+        assert wire.read_generator_config(record.headers) == settings_fingerprint(config)
     for group in private[:2]:  # a wrong answer may earn format credit (fraction_simplification), never 1
         rewards = [c.reward for c in group.completions]
         assert rewards[0] == 1.0 and max(rewards[1:]) < 1.0

@@ -11,7 +11,16 @@ from collections.abc import Callable
 import pytest
 
 from sapo.identity import Sender
-from sapo.sampler import Scored, Screen, SeenGroups, Unread, VerifyMode, arrival_facts, parse
+from sapo.sampler import (
+    Scored,
+    Screen,
+    SeenGroups,
+    Unread,
+    VerifyMode,
+    arrival_facts,
+    header_reason,
+    parse,
+)
 from sapo.v1 import question_pb2, rollout_pb2
 from sapo.wire import (
     H_FACTS,
@@ -214,6 +223,21 @@ def test_which_records_arrive_on_their_facts() -> None:
     malformed = b";".join([*fields[:2], b"x", *fields[3:]])  # the round is no integer
     with pytest.raises(InvalidMessageError, match="facts_mismatch"):
         arrival_facts(headers | {H_FACTS: malformed}, "external", lazy)
+
+
+def test_a_generator_config_header_changes_no_verdict() -> None:
+    """The header a node's generator adds for its own sampler: the prefilter, the facts arrival and the
+    decoded path read past it."""
+    group = real_group(RECORDS[8], "peer-1")
+    value = group.SerializeToString()
+    headers = dict(rollout_headers(group, value, generator_config="0123456789abcdef"))
+    lazy = _screen().cfg
+    assert header_reason(headers, "external", lazy) is None
+    facts = arrival_facts(headers, "external", lazy)
+    assert facts is not None and facts == group_facts(group)
+    assert isinstance(_screen().check_facts(Unread(value, headers, facts), T0, Sender("peer-1")), Scored)
+    decoded = parse(value, 1 << 20, headers)
+    assert isinstance(_screen(VerifyMode.EAGER).check(decoded, "external", T0, 0, Sender("peer-1")), Scored)
 
 
 def test_a_group_of_too_many_completions_is_refused_on_its_facts_and_on_its_body() -> None:
