@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from sapo.kafka.metrics import LoopCounter
 from sapo.node.peers import PeerLabels, SamplerPeerMetrics, TrainerPeerMetrics
 from sapo.sampler import ORIGINS, REASONS, RoundMode
+from sapo.sampler.configs import WINDOW_S
 
 if TYPE_CHECKING:
     from sapo.trainer import StepReport
@@ -219,6 +220,13 @@ class SamplerMetrics:
             registry=registry,
         )
         self.pool_of = {origin: self.pool.labels(origin) for origin in ORIGINS}  # set every step
+        self.generator_configs = Gauge(
+            "sapo_sampler_generator_configs",
+            f"Distinct generator settings fingerprints (sapo-generator-config) on the node's own groups "
+            f"within the last {WINDOW_S:.0f} s: above 1, its generator replicas run different settings "
+            "(a rolling update, or a fault when it lasts).",
+            registry=registry,
+        )
         for origin in ORIGINS:
             self.consumed.labels(origin)
             self.age.labels(origin)

@@ -46,6 +46,10 @@ Delivery semantics (at-least-once in; batch ids out exactly once):
   through the same identification, decoding and screen as live records (`_judge`), and publishes
   its warm-start batches before either stream is opened. An invalid history record is counted, not
   dead-lettered: the live stream reads it again and dead-letters it then.
+- Generator settings: every local group's `sapo-generator-config` fingerprint is counted over a
+  recent window (`sapo.sampler.configs`) in sapo_sampler_generator_configs, and a new one is logged
+  with the one before it: above 1, the node's generator replicas publish with different settings. A
+  group without the header (an older generator) is taken as before and counts as no fingerprint.
 - One sampler per node: it owns the batch sequence (run the Deployment with one replica). If a
   rebalance still takes partitions away, their pooled groups are dropped unfinished and forgotten by
   the dedupe set, so the new owner's copy is accepted.
@@ -88,12 +92,22 @@ from sapo.sampler import (
     parse,
     sender_of,
 )
+from sapo.sampler.configs import WINDOW_S, GeneratorConfigs
 from sapo.sampler.intake import IntakeTally
 from sapo.sampler.settings import SamplerSettings
 from sapo.settings import ConfigError
 from sapo.topics import TopicNames
 from sapo.v1.rollout_pb2 import RolloutGroup
-from sapo.wire import H_NODE, InvalidMessageError, header_str, message_headers, now_timestamp
+from sapo.wire import (
+    H_GENERATOR_CONFIG,
+    H_NODE,
+    Headers,
+    InvalidMessageError,
+    header_str,
+    message_headers,
+    now_timestamp,
+    read_generator_config,
+)
 
 log = logging.getLogger(__name__)
 AdmitUnread = Callable[[Unread, Sender, float], str | None]
@@ -198,6 +212,7 @@ class SamplerService:
         self.core: SamplerCore[Record] = settings.core(history)
         self._intake = IntakeTally()
         self._accounts = Accounting(metrics, self._intake)
+        self._configs = GeneratorConfigs()
         self._jumped(
             history.next_sequence,
             f"the trainer's announcement of v{history.trainer_version} expects sequence "
@@ -337,6 +352,7 @@ class SamplerService:
         self._health.set("partitions_assigned", bool(self.local.assigned) and bool(self.swarm.assigned))
         for origin in ORIGINS:
             self._metrics.pool_of[origin].set(self.core.assembler.pool.count(origin))
+        self._metrics.generator_configs.set(self._configs.count(self._clock()))
         if got:
             self._idle_wait_s = IDLE_WAIT_S
         else:
@@ -361,6 +377,8 @@ class SamplerService:
         return self._accounts.prefiltered(origin, header_reason(record.headers, origin, self.core.screen.cfg))
 
     def _handle(self, origin: Origin, record: Record) -> Disposition:
+        if origin == "local":
+            self._observe_config(record.headers)
         try:
             reason = self._admit(origin, record)
         except InvalidMessageError as exc:  # counted here; the loop dead-letters and finishes it
@@ -371,6 +389,31 @@ class SamplerService:
             return Disposition.DONE
         self._pooled = True
         return Disposition.HELD
+
+    def _observe_config(self, headers: Headers) -> None:
+        """Count the generator settings fingerprint of a local group, and log one new to the window."""
+        config = read_generator_config(headers)
+        if config is None:  # an older generator's group: no fingerprint to count
+            return
+        new = self._configs.observe(config, self._clock())
+        if new is None:
+            return
+        self._metrics.generator_configs.set(new.configs)
+        if not new.previous:
+            log.info("local generators publish with settings fingerprint %s", new.config)
+        elif new.configs == 1:
+            log.info("local generator settings changed: fingerprint %s -> %s", new.previous, new.config)
+        else:
+            log.warning(
+                "local generator settings differ: fingerprint %s after %s, %d fingerprints within %.0f s: "
+                "this node's generator replicas run different settings (each logs its own at start), "
+                "expected only while a rolling update runs; groups of one work item may differ (%s)",
+                new.config,
+                new.previous,
+                new.configs,
+                WINDOW_S,
+                H_GENERATOR_CONFIG,
+            )
 
     def _admit(self, origin: Origin, record: Record) -> str | None:
         """Identify, decode and admit one live record; the reason it was not pooled."""

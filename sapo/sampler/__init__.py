@@ -11,6 +11,7 @@ out. Module map:
 - `selection`: fixed / adaptive I/J, per-source quota, uniform / reward-guided choice of J.
 - `assembler`: the round modes lockstep / deadline / async; verifies lazily screened picks.
 - `intake`: per peer, what was received, rejected and used since the previous batch (`PeerIntake`).
+- `configs`: the generator settings fingerprints of the node's own groups over a recent window.
 - `batch`: the TrainingBatch message and the history a restart recovers from the batch topic.
 - `warm`: warm start (late join) from the swarm topic's retained history, through the same screen.
 - `core`: `SamplerCore`, all of the above for one node without transport (service and in-process).

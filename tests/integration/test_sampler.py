@@ -4,6 +4,7 @@ SIGKILLed mid-stream and restarted."""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -17,11 +18,15 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from sapo import wire
 from sapo.cpuslice import DEFAULT_SLICE_MS
+from sapo.generator.fingerprint import settings_fingerprint
+from sapo.generator.settings import GeneratorSettings
 from sapo.identity import NodeKey, TrustMode
 from sapo.identity.settings import IdentitySettings
 from sapo.identity.trustlist import TrustList, save_trust_list
 from sapo.kafka import DeadLetters, KafkaPublisher, Record, TransportMetrics
+from sapo.kafka.chunks import chunk_size
 from sapo.lifecycle import StopFlag
 from sapo.node.metrics import SamplerMetrics
 from sapo.node.recovery import read_history
@@ -227,6 +232,64 @@ def test_lockstep_batches_from_three_peers_with_every_kind_of_bad_input(
     finally:
         dead.close()
     assert reasons == {b"answer_mismatch", b"undecodable", b"oversized"}
+
+
+def test_the_sampler_counts_the_settings_its_own_generators_publish_with(
+    kafka_bootstrap: str, topic_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Replicas one content setting apart make sapo_sampler_generator_configs 2, said once in the log
+    with both fingerprints; a replica that differs only operationally has the same fingerprint; a
+    group of an older generator (no header) is pooled as before and counts for nothing; the header of
+    a group sent in chunks survives them."""
+    caplog.set_level(logging.INFO, logger="sapo.node.sampler")
+    topics = _topics(kafka_bootstrap, topic_prefix)
+    settings = SamplerSettings(node_id=NODE, topic_prefix=topic_prefix, recovery_idle_s=1.0)
+    same = settings_fingerprint(GeneratorSettings(node_id=NODE, node_seed=5))
+    assert settings_fingerprint(GeneratorSettings(node_id=NODE, node_seed=5, flush_timeout_s=5.0)) == same
+    hotter = settings_fingerprint(GeneratorSettings(node_id=NODE, node_seed=5, temperature=0.7))
+    assert hotter != same
+    records = iter(questions(node_seed=7, count=5))
+    pub = KafkaPublisher({"bootstrap.servers": kafka_bootstrap})
+    limit = 70 * 1024  # chunks of 6 KiB (the rest is kept for headers)
+    chunking = KafkaPublisher({"bootstrap.servers": kafka_bootstrap}, max_message_bytes=limit)
+
+    def publish(publisher: KafkaPublisher, config: str, *, pad: int = 0) -> None:
+        group = real_group(next(records), NODE)
+        for completion in group.completions:
+            completion.token_ids.extend(range(pad))
+        value = group.SerializeToString()
+        headers = wire.rollout_headers(group, value, generator_config=config)
+        assert len(value) > chunk_size(limit) or not pad
+        publisher.send(topics.rollouts, group.group_id.encode(), value, headers)
+        assert publisher.flush(10) == 0
+
+    core, registry, _health, _pub = _in_process_core(kafka_bootstrap, topics, settings)
+
+    def sample(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    def pool_local(count: int) -> None:
+        deadline = time.monotonic() + 30
+        while sample("sapo_sampler_pool_groups", origin="local") != count:
+            assert time.monotonic() < deadline, f"not {count} local groups pooled in 30 s"
+            core.step()
+
+    try:
+        core.local.open()
+        core.swarm.open()
+        for config in (same, same, ""):  # two groups of one replica, one of an older generator
+            publish(pub, config)
+        pool_local(3)  # the header-less one too
+        assert sample("sapo_sampler_generator_configs") == 1
+        publish(chunking, hotter, pad=4000)  # ~24 KB: four chunks
+        pool_local(4)
+        assert sample("sapo_sampler_generator_configs") == 2
+    finally:
+        core.close()
+    said = [r for r in caplog.records if r.name == "sapo.node.sampler" and "fingerprint" in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.INFO, logging.WARNING], [r.getMessage() for r in said]
+    assert same in said[0].getMessage()
+    assert hotter in said[1].getMessage() and same in said[1].getMessage()
 
 
 def _sampler_env(bootstrap: str, prefix: str) -> dict[str, str]:
