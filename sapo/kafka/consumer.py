@@ -12,10 +12,10 @@ Delivery semantics (at-least-once):
   synchronously before giving partitions up; on loss it commits nothing and drops the partitions'
   state (a commit that finds them lost already is skipped: the next poll reports the loss); on close
   it commits what is finished.
-- Chunked messages (`sapo.kafka.chunks`) are reassembled before the prefilter and the handler see
-  them; a message's chunks stay unfinished until the message is, and what cannot be reassembled is
-  counted, dead-lettered (its first chunk) and finished. A message the prefilter refuses by its first
-  chunk's headers is skipped chunk by chunk, never buffered.
+- Chunked messages (`sapo.kafka.chunks`) are reassembled before the handler sees them; a message's
+  chunks stay unfinished until the message is, and what cannot be reassembled is counted,
+  dead-lettered (its first chunk) and finished. The prefilter judges a chunked message once, by its
+  first chunk's headers (the message's own): one it refuses is skipped chunk by chunk, never buffered.
 - No message stops the loop: a handler raising `InvalidMessageError` has its record counted,
   dead-lettered and finished; any other exception a message causes is treated the same way under the
   reason "handler_error" (logged with its traceback: it is a bug to fix), unless the loop was built
@@ -476,7 +476,9 @@ class ConsumerLoop:
                 return
         else:
             assembled = record
-        reason = self._prefilter(assembled) if self._prefilter is not None else None
+        # A chunked message's verdict was given on its first chunk (`_skipped_chunk`), whose headers
+        # are the message's: asking again would count it twice where the prefilter counts.
+        reason = self._prefilter(assembled) if self._prefilter is not None and not assembled.parts else None
         if reason is not None:
             self._metrics.rejected.inc(reason)
             self.finish(assembled)

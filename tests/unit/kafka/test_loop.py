@@ -14,6 +14,7 @@ from sapo.kafka import (
     TransportMetrics,
     Watermarks,
 )
+from sapo.kafka.chunks import split
 from sapo.kafka.memory import MemoryBus, MemoryConsumerClient, MemoryPublisher
 from sapo.lifecycle import StopFlag
 from sapo.v1 import rollout_pb2
@@ -141,6 +142,29 @@ def test_prefilter_drops_without_calling_the_handler() -> None:
     loop.run(idle_timeout_s=0.0)
     assert handled == [b"ok"]
     assert registry.get_sample_value("sapo_test_messages_rejected_total", {"reason": "own_node"}) == 1
+
+
+def test_prefilter_judges_a_chunked_message_once() -> None:
+    bus = MemoryBus()
+    value = bytes(range(256)) * 4
+    for piece, headers in split(value, [("sapo-node-id", b"peer")], 300):
+        bus.append("in", b"k", piece, headers)
+    bus.append("in", None, b"ok", [("sapo-node-id", b"peer")])
+    judged: list[int] = []
+    handled: list[bytes] = []
+
+    def handle(record: Record) -> Disposition:
+        handled.append(record.value or b"")
+        return Disposition.DONE
+
+    def count(record: Record) -> str | None:
+        judged.append(record.offset)
+        return None
+
+    loop, _ = _loop(bus, handle, prefilter=count)
+    loop.run(idle_timeout_s=0.0)
+    assert handled == [value, b"ok"]
+    assert judged == [0, len(bus.topics["in"]) - 1]
 
 
 def test_stop_flag_and_until_end_the_loop() -> None:
