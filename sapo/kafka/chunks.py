@@ -16,15 +16,20 @@ so the first and the count bound the whole), and when the chunks held exceed `ma
 message that went longest without a chunk is given up. A held chunk counts its key, headers and
 `HELD_RECORD_BYTES` besides its payload, so a flood of chunks of nothing (one peer's first chunks of
 empty messages, each under a new id) is bounded too. A message cut short (the producer died
-mid-message) never completes: it is given up when the same key starts again in its partition (a
-producer sends the message again under its key: a group id, a batch id) or after `stale_s` without a
-new chunk (`sweep`, which the consumer loop also runs when a poll returns nothing, so a quiet topic
-does not hold it open), so its offsets do not hold the partition's commits back for long. Each of
-these costs constant time however many messages are open: they are kept in the order of their latest
-chunk and indexed by key, since the loop hands every record to the reassembler while one is open.
-What cannot be assembled (too large, cut short, a digest mismatch) comes back as an `Incomplete`
-whose records the caller finishes, counts and dead-letters; one given up before its last chunk says so
-(`more`), and the caller skips its later chunks.
+mid-message) never completes: it is given up as `superseded` when a copy of the same payload (its
+key and digest) completes in its partition (a producer sent the message again: a restarted one, or a
+second generator replica that took over the work item), or after `stale_s` without a new chunk
+(`sweep`, which the consumer loop also runs when a poll returns nothing, so a quiet topic does not
+hold it open), so its offsets do not hold the partition's commits back for long. A message is never
+given up because another one starts under its key: keys are public (group and batch ids), and a
+single forged first chunk under a peer's key would otherwise drop that peer's message in flight; a
+forged copy that completes cannot carry the digest of the real payload. Each of these costs constant
+time however many messages are open: they are kept in the order of their latest chunk and indexed by
+key and digest, since the loop hands every record to the reassembler while one is open. What cannot
+be assembled (too large, cut short, a digest mismatch) comes back as an `Incomplete` whose records the
+caller finishes, counts and dead-letters, except a superseded copy (`delivered`), which is counted
+only: its payload was delivered whole. One given up before its last chunk says so (`more`), and the
+caller skips its later chunks.
 
 Why chunking rather than raising limits: Apache Kafka's broker limit is about 1 MB by default, a
 reasoning-length rollout group (16 completions x 8k tokens with token ids and log-probs) is larger,
@@ -48,6 +53,8 @@ H_CHUNK: Final = "sapo-chunk"
 H_CHUNK_ID: Final = "sapo-chunk-id"
 H_CHUNK_SHA: Final = "sapo-chunk-sha256"
 CHUNK_HEADERS: Final = (H_CHUNK, H_CHUNK_ID, H_CHUNK_SHA)
+SUPERSEDED: Final = "superseded"
+"""The reason a cut-short copy is given up once another copy of its payload completed."""
 HELD_RECORD_BYTES: Final = 1024
 """What holding a chunk costs beyond its payload, key and headers (the record's objects), as counted
 against the pending limit."""
@@ -99,11 +106,20 @@ class Incomplete:
     """Whether the message's later chunks are still to come (it was given up at a chunk before its
     last): the consumer skips them, so that one message is one rejection."""
 
+    @property
+    def delivered(self) -> bool:
+        """Whether another copy of the payload was handed over whole: nothing to dead-letter."""
+        return self.reason == SUPERSEDED
+
+
+_Copy = tuple[TopicPartition, bytes | None, bytes]
+"""A payload in a partition: (partition, key, digest header); its copies are the same message."""
+
 
 @dataclass
 class _Open:
     count: int
-    key: bytes | None
+    copy: _Copy
     last_s: float
     parts: list[Record] = field(default_factory=list)
     size: int = 0
@@ -128,8 +144,8 @@ class Reassembler:
         self._clock = clock
         self._open: OrderedDict[tuple[TopicPartition, str], _Open] = OrderedDict()
         """Ordered by their latest chunk, least recent first."""
-        self._by_key: dict[tuple[TopicPartition, bytes | None], tuple[TopicPartition, str]] = {}
-        """The open message of each key in each partition (a producer sends one at a time per key)."""
+        self._copies: dict[_Copy, dict[tuple[TopicPartition, str], None]] = {}
+        """The open messages of each payload: a set, in the order they opened."""
         self._pending = 0
         self.dropped: list[Incomplete] = []
         """Given-up messages since the last `take_dropped`."""
@@ -160,15 +176,12 @@ class Reassembler:
             if index != 0:  # the start went to another consumer, or is gone
                 self.dropped.append(Incomplete("incomplete_message", (record,), index < count - 1))
                 return None
-            resent = self._by_key.get((record.tp, record.key))
-            if resent is not None:  # the message is sent again: the copy open under its key is dead
-                # (unless a second sender still sends it, after a rebalance: its later chunks are skipped)
-                self._give_up(resent, "incomplete_message", more=True)
             if (count - 1) * len(record.value or b"") >= self._max_payload:
                 self.dropped.append(Incomplete("oversized", (record,), more=count > 1))
                 return None
-            current = self._open[slot] = _Open(count, record.key, now)
-            self._by_key[(record.tp, record.key)] = slot
+            copy = (record.tp, record.key, record.headers.get(H_CHUNK_SHA, b""))
+            current = self._open[slot] = _Open(count, copy, now)
+            self._copies.setdefault(copy, {})[slot] = None
         elif index != len(current.parts) or count != current.count:  # a chunk lost, or sent twice
             self._give_up(slot, "incomplete_message", extra=(record,), more=index < count - 1)
             return None
@@ -203,7 +216,10 @@ class Reassembler:
 
     def _pop(self, slot: tuple[TopicPartition, str]) -> _Open:
         current = self._open.pop(slot)
-        del self._by_key[(slot[0], current.key)]
+        copies = self._copies[current.copy]
+        del copies[slot]
+        if not copies:
+            del self._copies[current.copy]
         self._pending -= current.held
         return current
 
@@ -215,6 +231,8 @@ class Reassembler:
         if hashlib.sha256(value).hexdigest() != expected:
             self.dropped.append(Incomplete("chunk_digest_mismatch", tuple(current.parts)))
             return None
+        for other in list(self._copies.get(current.copy, ())):  # copies a dead producer cut short
+            self._give_up(other, SUPERSEDED, more=True)
         headers = {k: v for k, v in first.headers.items() if k not in CHUNK_HEADERS}
         return replace(first, value=value, headers=headers, parts=tuple(current.parts))
 

@@ -523,9 +523,11 @@ class ConsumerLoop:
             self._skipping.popitem(last=False)
 
     def _drop(self, incomplete: Incomplete) -> None:
-        """A message that cannot be reassembled: counted, its first chunk dead-lettered, all finished."""
+        """A message that cannot be reassembled: counted, its first chunk dead-lettered (unless another
+        copy of it was delivered), all finished."""
         first = incomplete.parts[0]
-        log.warning(
+        log.log(
+            logging.INFO if incomplete.delivered else logging.WARNING,
             "dropped %d chunk(s) from %s/%d/%d: %s",
             len(incomplete.parts),
             first.topic,
@@ -534,7 +536,7 @@ class ConsumerLoop:
             incomplete.reason,
         )
         self._metrics.rejected.inc(incomplete.reason)
-        if self._dead_letters is not None:
+        if self._dead_letters is not None and not incomplete.delivered:
             self._dead_letters.send(first, incomplete.reason, f"{len(incomplete.parts)} chunk(s) given up")
         for part in incomplete.parts:
             self.finish(part)

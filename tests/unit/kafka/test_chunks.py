@@ -71,15 +71,33 @@ def test_messages_that_cannot_be_reassembled_are_given_up(mutate: object, reason
     assert reason in [d.reason for d in reassembler.take_dropped()]
 
 
-def test_a_message_sent_again_under_its_key_gives_up_the_cut_short_copy() -> None:
-    first = records(split(os.urandom(25), [], 10), b"node/7")
-    again_value = os.urandom(25)
-    again = records(split(again_value, [], 10), b"node/7", start=3)
-    reassembler = Reassembler(1000, 1000)
-    reassembler.add(first[0])  # the sampler died after one chunk
+def test_a_copy_of_the_payload_completing_gives_up_the_cut_short_one() -> None:
+    value = os.urandom(25)
+    pieces = split(value, [], 10)
+    first = records(pieces, b"node/7")
+    again = records(split(value, [], 10), b"node/7", start=3)  # the same payload, sent again
+    reassembler = Reassembler(1000, 100_000)
+    reassembler.add(first[0])  # its producer died after one chunk
     assembled = [reassembler.add(r) for r in again]
-    assert [d.reason for d in reassembler.take_dropped()] == ["incomplete_message"]
-    assert assembled[-1] is not None and assembled[-1].value == again_value
+    dropped = reassembler.take_dropped()
+    assert [(d.reason, d.delivered, d.parts) for d in dropped] == [("superseded", True, (first[0],))]
+    assert assembled[-1] is not None and assembled[-1].value == value
+    assert not reassembler.has_open
+
+
+def test_a_first_chunk_under_a_peers_key_leaves_the_peers_message_open() -> None:
+    """Keys are public: a forged first chunk (or a whole other message) under a peer's key must not
+    drop the peer's message in flight, and a forged copy that completes is not its payload."""
+    value = os.urandom(25)
+    honest = records(split(value, [], 10), b"node/7")
+    forged = records(split(os.urandom(25), [], 10), b"node/7", start=10)
+    reassembler = Reassembler(1000, 100_000)
+    assert reassembler.add(honest[0]) is None
+    assert [reassembler.add(r) for r in forged][-1] is not None  # completes: another payload
+    assert reassembler.take_dropped() == []
+    assembled = [reassembler.add(r) for r in honest[1:]]
+    assert assembled[-1] is not None and assembled[-1].value == value
+    assert reassembler.take_dropped() == []
 
 
 def test_oversized_and_stale_messages_are_given_up() -> None:
@@ -339,10 +357,9 @@ def test_a_stale_message_whose_later_chunks_come_after_all_is_one_rejection() ->
     assert bus.committed[("g", ("t", 0))] == len(pieces)
 
 
-def test_a_copy_given_up_for_a_resent_one_is_one_rejection_when_both_interleave() -> None:
-    """Two replicas sending the same group under its key (the work partition moved on mid-call): the
-    first copy is given up at the second's first chunk, its later chunks are skipped, and the second
-    copy is handed over."""
+def test_copies_two_replicas_interleave_are_both_handed_over_without_a_dead_letter() -> None:
+    """Two replicas sending the same group under its key (the work partition moved on mid-call): each
+    copy is handed over whole (the handler dedupes them), and neither is dead-lettered."""
     bus = MemoryBus()
     first, again = os.urandom(30), os.urandom(30)
     for one, other in zip(split(first, [], 10), split(again, [], 10), strict=True):
@@ -350,6 +367,23 @@ def test_a_copy_given_up_for_a_resent_one_is_one_rejection_when_both_interleave(
         bus.append("t", b"group", *other)
     consumer = Collecting(bus, MemoryPublisher(bus))
     assert consumer.loop.run(idle_timeout_s=0.0) == 6
-    assert consumer.values() == [again]
-    assert [r.headers["sapo-dlq-reason"] for r in bus.topics["dlq"]] == [b"incomplete_message"]
+    assert consumer.values() == [first, again]
+    assert "dlq" not in bus.topics
     assert bus.committed[("g", ("t", 0))] == 6
+
+
+def test_a_cut_short_copy_is_counted_not_dead_lettered_once_its_payload_arrives_whole() -> None:
+    bus = MemoryBus()
+    value = os.urandom(30)
+    bus.append("t", b"group", *split(value, [], 10)[0])  # its producer died after one chunk
+    for piece in split(value, [], 10):  # sent again by the producer that took over
+        bus.append("t", b"group", *piece)
+    consumer = Collecting(bus, MemoryPublisher(bus))
+    assert consumer.loop.run(idle_timeout_s=0.0) == 4
+    assert consumer.values() == [value]
+    assert "dlq" not in bus.topics
+    rejected = consumer.registry.get_sample_value(
+        "sapo_test_messages_rejected_total", {"reason": "superseded"}
+    )
+    assert rejected == 1
+    assert bus.committed[("g", ("t", 0))] == 4
