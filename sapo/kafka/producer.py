@@ -20,9 +20,11 @@ broker did not take stops the service, and so do groups or work items a flush re
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message
@@ -47,6 +49,17 @@ PRODUCER_DEFAULTS = {
 }
 
 
+@dataclass
+class _Sent:
+    """The delivery reports of one message `send` queued, in however many chunks."""
+
+    queued: int = 0
+    reported: int = 0
+    failed: bool = False
+    whole: bool = False
+    """Every chunk is queued (or one was refused): no more reports to wait for than `queued`."""
+
+
 class KafkaPublisher:
     """A `Publisher` over librdkafka."""
 
@@ -69,8 +82,9 @@ class KafkaPublisher:
         self._failed = 0
         """Messages `send` queued whose delivery failed since the last `flush`, which reports them."""
         self._unacked = 0
-        """Messages `send` queued (not best effort) with no delivery report yet: a dead letter or a
-        `send_sync` message still in librdkafka's queue is no undelivered message of `flush`'s."""
+        """Messages `send` queued (not best effort) with a chunk not reported yet: a dead letter or a
+        `send_sync` message still in librdkafka's queue is no undelivered message of `flush`'s. A
+        message sent in chunks counts once, as `flush` reports messages."""
 
     def _report(self, err: KafkaError | None, msg: Message) -> None:
         if err is not None:
@@ -82,11 +96,18 @@ class KafkaPublisher:
         elif self._metrics:
             self._metrics.produced.inc()
 
-    def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+    def _on_delivery(self, sent: _Sent, err: KafkaError | None, msg: Message) -> None:
         self._report(err, msg)
-        self._unacked -= 1
-        if err is not None:
-            self._failed += 1
+        sent.reported += 1
+        sent.failed = sent.failed or err is not None
+        self._settle(sent)
+
+    def _settle(self, sent: _Sent) -> None:
+        """Count a message `send` queued as acknowledged (or failed) once its last chunk is reported."""
+        if sent.whole and sent.queued and sent.reported == sent.queued:
+            self._unacked -= 1
+            self._failed += sent.failed
+            sent.queued = 0  # settled: never counted again
 
     def _produce(
         self,
@@ -136,11 +157,22 @@ class KafkaPublisher:
         *,
         best_effort: bool = False,
     ) -> None:
-        report = self._report if best_effort else self._on_delivery
-        for piece, piece_headers in split(value, headers, self._chunk_bytes):
-            self._produce(topic, key, piece, piece_headers, report, partition=partition)
-            if not best_effort:
-                self._unacked += 1
+        pieces = split(value, headers, self._chunk_bytes)
+        if best_effort:
+            for piece, piece_headers in pieces:
+                self._produce(topic, key, piece, piece_headers, self._report, partition=partition)
+            return
+        sent = _Sent()
+        report = functools.partial(self._on_delivery, sent)
+        try:
+            for piece, piece_headers in pieces:
+                self._produce(topic, key, piece, piece_headers, report, partition=partition)
+                sent.queued += 1
+                if sent.queued == 1:
+                    self._unacked += 1
+        finally:  # a refused chunk ends the message where it is: what was queued is still reported
+            sent.whole = True
+            self._settle(sent)
 
     def partitions(self, topic: str, timeout_s: float = 10.0) -> int:
         metadata = self._producer.list_topics(topic, timeout=timeout_s).topics.get(topic)

@@ -60,3 +60,21 @@ def test_a_best_effort_send_still_queued_never_fails_a_flush() -> None:
     assert publisher.flush(0.2) == 1  # the group is reported, the dead letter still is not
     assert publisher.close(timeout_s=0.0) == 1  # both dropped: the client is released all the same
     assert publisher.errors == 2
+
+
+def test_a_message_sent_in_chunks_counts_once_in_what_a_flush_reports() -> None:
+    """The flush's count says "N groups unacknowledged": a group in five chunks is one group, whether its
+    chunks are still queued or failed."""
+    bootstrap = f"127.0.0.1:{_closed_port()}"
+    publisher = KafkaPublisher(
+        {"bootstrap.servers": bootstrap, "message.timeout.ms": "300"}, max_message_bytes=64 * 1024
+    )
+    large = bytes(range(256)) * 1024  # 256 KiB: several chunks
+    try:
+        publisher.send("t", b"k", large)
+        publisher.send("t", b"k", b"small")
+        assert publisher.flush(0.0) == 2  # still queued
+        assert publisher.flush(10.0) == 2  # failed: timed out without a broker
+        assert publisher.flush(0.0) == 0  # reported once
+    finally:
+        publisher.close(timeout_s=0.0)
