@@ -8,14 +8,16 @@ loop runs, what the process built to start is frozen out of the garbage collecto
 (`freeze_startup_objects`).
 
 Order on start: logging -> resolved config logged (secrets masked) -> registry and metrics -> compute
-gate (`sapo.cpugate`, where set) -> ops server -> signal handlers -> producers. Order on stop (SIGTERM
-sets the stop flag; the loop finishes its unit and commits): the service closes its consumers -> flush
-producers (bounded) -> stop the ops server -> close the gate's files.
+gate (`sapo.cpugate`, where set) -> signal handlers -> producers -> ops server -> port file. A start
+that fails on the way (a port in use, a port file that cannot be written) closes what it had opened.
+Order on stop (SIGTERM sets the stop flag; the loop finishes its unit and commits): the service closes
+its consumers -> flush producers (bounded) -> stop the ops server -> close the gate's files.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import logging
 import uuid
@@ -213,37 +215,44 @@ def start_runtime(service: str, settings: ServiceSettings, *, install_signals: b
         registry.register(collector)
     health = Health()
     transport = TransportMetrics(registry, service)
-    gate = open_gate(service, settings, registry)
-    stop = StopFlag()
-    if install_signals:
-        install_signal_handlers(stop)
-    # The clients first: one refusing its settings ends the start before a port file names a server.
-    publisher = open_publisher(settings, transport)
-    swarm_publisher = (
-        publisher if settings.swarm_kafka is None else open_publisher(settings, transport, swarm=True)
-    )
-    ops = open_ops_server(settings, registry, health)
-    log.info("ops server on :%d (/metrics /healthz /readyz)", ops.port)
-    if settings.http_port_file is not None:
-        write_port_file(settings, ops.port)
-    limit = settings.max_message_bytes
-    topics = TopicNames.for_node(settings.node_id, settings.topic_prefix)
-    return Runtime(
-        service=service,
-        settings=settings,
-        topics=topics,
-        registry=registry,
-        health=health,
-        stop=stop,
-        transport=transport,
-        publisher=publisher,
-        swarm_publisher=swarm_publisher,
-        dead_letters=DeadLetters(
-            publisher, topics.dlq, service, transport, max_value_bytes=chunk_size(limit)
-        ),
-        ops=ops,
-        gate=gate,
-    )
+    with contextlib.ExitStack() as opened:  # a start that fails closes what it opened, newest first
+        gate = open_gate(service, settings, registry)
+        opened.callback(gate.close)
+        stop = StopFlag()
+        if install_signals:
+            install_signal_handlers(stop)
+        # The clients first: one refusing its settings ends the start before a port file names a server.
+        publisher = open_publisher(settings, transport)
+        opened.callback(publisher.close, 0.0)
+        swarm_publisher = publisher
+        if settings.swarm_kafka is not None:
+            swarm_publisher = open_publisher(settings, transport, swarm=True)
+            opened.callback(swarm_publisher.close, 0.0)
+        ops = open_ops_server(settings, registry, health)
+        opened.callback(ops.stop)
+        log.info("ops server on :%d (/metrics /healthz /readyz)", ops.port)
+        if settings.http_port_file is not None:
+            write_port_file(settings, ops.port)
+        limit = settings.max_message_bytes
+        topics = TopicNames.for_node(settings.node_id, settings.topic_prefix)
+        runtime = Runtime(
+            service=service,
+            settings=settings,
+            topics=topics,
+            registry=registry,
+            health=health,
+            stop=stop,
+            transport=transport,
+            publisher=publisher,
+            swarm_publisher=swarm_publisher,
+            dead_letters=DeadLetters(
+                publisher, topics.dlq, service, transport, max_value_bytes=chunk_size(limit)
+            ),
+            ops=ops,
+            gate=gate,
+        )
+        opened.pop_all()  # started: `Runtime.close` closes them from here on
+    return runtime
 
 
 def _default(field: FieldInfo) -> str:

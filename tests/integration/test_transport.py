@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import logging
 import os
+import socket
 import subprocess
 import sys
 import urllib.request
 from pathlib import Path
 
 import pytest
+from pydantic_settings import SettingsConfigDict
 
 from sapo import wire
 from sapo.kafka import Disposition, KafkaPublisher, Record
 from sapo.ops import Health, OpsServer
+from sapo.runtime import start_runtime
+from sapo.settings import ConfigError, ServiceSettings, load_settings
 from sapo.v1 import rollout_pb2
 from tests.factories import make_group
 from tests.integration.kafka_helpers import consumer, create_topics, make_loop, read_topic
@@ -171,3 +177,40 @@ def test_a_closed_publisher_delivered_what_it_could_and_counts_what_it_dropped(
     nowhere.send(topic, b"k", b"never delivered")
     assert nowhere.close(timeout_s=0.5) == 1
     assert nowhere.errors == 1  # the purge's delivery report
+
+
+class DemoSettings(ServiceSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="SAPO_DEMO_", frozen=True, extra="forbid", env_nested_delimiter="__"
+    )
+
+
+def _kafka_client_threads() -> int:
+    """librdkafka's threads in this process (named rdk:*): a client not closed keeps them."""
+    return sum((task / "comm").read_text().startswith("rdk:") for task in Path("/proc/self/task").iterdir())
+
+
+def test_an_ops_port_in_use_fails_the_start_with_the_kafka_clients_closed(
+    kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The producers open before the ops server (a refused client setting ends the start first); a port
+    that cannot be taken used to leave them connected, reconnecting for as long as the process lived."""
+    monkeypatch.setenv("SAPO_DEMO_NODE_ID", "n")
+    monkeypatch.setenv("SAPO_DEMO_KAFKA__BOOTSTRAP_SERVERS", kafka_bootstrap)
+    monkeypatch.setenv("SAPO_DEMO_SWARM_KAFKA__BOOTSTRAP_SERVERS", kafka_bootstrap)
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    gc.collect()  # clients earlier tests left to the collector
+    before = _kafka_client_threads()
+    try:
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            monkeypatch.setenv("SAPO_DEMO_HTTP_HOST", "127.0.0.1")
+            monkeypatch.setenv("SAPO_DEMO_HTTP_PORT", str(taken.getsockname()[1]))
+            with pytest.raises(ConfigError, match="HTTP_PORT") as error:
+                start_runtime("demo", load_settings(DemoSettings), install_signals=False)
+            # The failed start's frames (and so its clients, were they open) live on in the traceback.
+            assert error.tb is not None and _kafka_client_threads() <= before
+    finally:
+        root.handlers[:], root.level = handlers, level  # keep pytest's log capture
