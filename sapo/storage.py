@@ -64,8 +64,14 @@ s3fs's dependency, not this package's)."""
 
 def refused_access(target: Location, exc: BaseException) -> bool:
     """Whether a remote store found no credentials for this process or refused the ones it has (s3fs
-    turns a 403 such as InvalidAccessKeyId or AccessDenied into a PermissionError)."""
-    return not target.local and (isinstance(exc, PermissionError) or type(exc).__name__ in _NO_CREDENTIALS)
+    turns a 403 such as InvalidAccessKeyId or AccessDenied into a PermissionError caused by botocore's
+    `ClientError`). A PermissionError of this machine's own files (a cache directory) is not one."""
+    if target.local:
+        return False
+    if type(exc).__name__ in _NO_CREDENTIALS:
+        return True
+    answered = type(exc.__cause__).__mro__ if exc.__cause__ is not None else ()
+    return isinstance(exc, PermissionError) and any(cls.__name__ == "ClientError" for cls in answered)
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from botocore.exceptions import ClientError
 from prometheus_client import CollectorRegistry
+from s3fs.errors import translate_boto_error
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from sapo.checkpoints import load_weights, read_manifest
@@ -337,3 +341,29 @@ def test_a_store_that_refuses_the_trainer_fails_start_saying_what_to_set(no_s3_c
     said = str(error.value)
     assert said.startswith(f"SAPO_TRAINER_CHECKPOINT_ROOT='{no_s3_credentials}'")
     assert "AWS_ACCESS_KEY_ID" in said
+
+
+def _failing_start(
+    service: TrainerService, error: Exception, monkeypatch: pytest.MonkeyPatch
+) -> BaseException:
+    def initialize() -> None:
+        raise error
+
+    monkeypatch.setattr(service.trainer, "initialize", initialize)
+    with pytest.raises(BaseException) as raised:  # ConfigError is a SystemExit
+        service.start()
+    return raised.value
+
+
+def test_only_the_stores_own_refusal_gets_the_credentials_hint(
+    s3_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """s3fs turns a 403 into a PermissionError caused by botocore's ClientError: that one is the store's.
+    A PermissionError of a local file under a remote root (a cache directory) used to be reported as
+    the store refusing access, with advice about AWS credentials."""
+    denied = ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied"}}, "PutObject")
+    refused = _failing_start(_service(MemoryBus(), s3_url)[0], translate_boto_error(denied), monkeypatch)
+    assert isinstance(refused, ConfigError) and "the store refused access (Access Denied)" in str(refused)
+    assert "AWS_ACCESS_KEY_ID" in str(refused)
+    local = PermissionError(errno.EACCES, os.strerror(errno.EACCES), "/var/cache/sapo/weights")
+    assert _failing_start(_service(MemoryBus(), s3_url)[0], local, monkeypatch) is local
