@@ -5,7 +5,9 @@ contract (`sapo.v1`), else from the topic's role (the last part of its name: `ro
 `policy`, `work`, `leases`, `keys`). A dead letter keeps the original key, bytes and headers, so it is decoded
 the same way, with the role of the topic it was read from (`sapo-dlq-source`) as the fallback, and its
 rejection reason read from the `sapo-dlq-*` headers. Nothing here raises on bad input: a payload that
-does not decode becomes an entry with its size, headers and the reason (`error`).
+does not decode becomes an entry with its size, headers and the reason (`error`), and so does a record
+whose headers could not be read (a header name that is not UTF-8: `bad_header`, as the services'
+consumer loops refuse it).
 """
 
 from __future__ import annotations
@@ -146,6 +148,8 @@ def to_entry(record: Record, max_bytes: int, with_payload: bool = False) -> Entr
         "dlq_source": _text(headers.get(H_SOURCE)),
         "headers": printable_headers(headers),
     }
+    if record.unreadable:  # what the services' consumer loops refuse, headers and all
+        return Entry(**base, error=f"bad_header: {record.unreadable}")
     cls = message_class(type_name)
     if cls is None:
         said = f"type header {type_name!r}" if H_TYPE in headers else f"topic {record.topic!r}"

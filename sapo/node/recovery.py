@@ -10,7 +10,9 @@ wrong one, and on Apache Kafka idleness is equally correct because this sampler 
 writer and is not writing yet. The policy topic (compacted: the trainer's latest announcement) is read
 by the same consumer in the same pass: when the batch topic was re-created while the checkpoints
 stayed, the announcement, not the empty batch topic, says which sequence the trainer expects next
-(`sapo.sampler.core`).
+(`sapo.sampler.core`). A record whose headers cannot be read (a header name that is not UTF-8) is
+what every consumer loop refuses (`bad_header`): a batch counts as undecodable (its sequence is not
+used again), an announcement is skipped.
 """
 
 from __future__ import annotations
@@ -97,6 +99,11 @@ def read_history(
         client, topics, idle_s=idle_s, timeout_s=timeout_s, stop=stop, beat=beat, what="recovery"
     )
     for record in records:
+        if record.unreadable:  # refused by the trainer's and the generators' loops (`bad_header`)
+            log.warning("record at %s/%d/%d skipped: %s", *record.tp, record.offset, record.unreadable)
+            if record.topic == topic:
+                builder.add_undecodable(record.key)
+            continue
         batch = chunks.add(record)  # a large batch arrives in chunks (sapo.kafka.chunks)
         for incomplete in chunks.take_dropped():
             log.warning(

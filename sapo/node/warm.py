@@ -60,7 +60,11 @@ def run_warm_start(
     def on_record(record: Record) -> None:
         metrics.warm_read.inc()
         try:
-            reason = header_reason(record.headers, "external", core.screen.cfg)
+            reason = (
+                "bad_header"
+                if record.unreadable
+                else header_reason(record.headers, "external", core.screen.cfg)
+            )
             if reason is None:
                 reason = judge(record, lambda group, sender, now: warm.admit(group, record, now, sender))
         except InvalidMessageError as exc:
@@ -131,6 +135,9 @@ def read_swarm_history(
             continue
         if record.timestamp_ms >= started_ms:
             live.add(record.tp)
+            continue
+        if record.unreadable:  # its headers are lost: never part of a message (`bad_header`)
+            on_record(record)
             continue
         message = chunks.add(record)  # a large group arrives in chunks (sapo.kafka.chunks)
         for incomplete in chunks.take_dropped():  # the live stream counts and dead-letters these

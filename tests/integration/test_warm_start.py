@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from sapo.kafka import KafkaPublisher
+from tests.integration.raw_producer import produce_raw
 from tests.integration.test_sampler import NODE, ROOT, TopicReader, _get, _sampler_env, _send, _topics
-from tests.unit.sampler.builders import questions, real_group
+from tests.unit.sampler.builders import encoded, questions, real_group
 
 pytestmark = pytest.mark.integration
 PEERS = ("peer-1", "peer-2")
@@ -47,6 +48,11 @@ def test_a_late_node_trains_on_the_history_then_joins_the_swarm_round(
     for group in [*history.values(), spare, *rejected]:
         _send(pub, topics.swarm_rollouts, group)
     assert pub.flush(10) == 0
+    # A header name that is not UTF-8 (the live loop refuses the record as bad_header), on a good group.
+    hostile = real_group(next(records), "peer-1", round_=2)
+    value, headers = encoded(hostile)
+    hostile_headers = [(b"\xff\xfe", b"1"), *((name.encode(), v) for name, v in headers)]
+    produce_raw(kafka_bootstrap, topics.swarm_rollouts, hostile.group_id.encode(), value, hostile_headers)
 
     env = _sampler_env(kafka_bootstrap, topic_prefix) | {
         f"SAPO_SAMPLER_{k}": v
@@ -109,8 +115,8 @@ def test_a_late_node_trains_on_the_history_then_joins_the_swarm_round(
 
     assert _metric(metrics, "sapo_sampler_warm_start_batches_total") == 3
     assert _metric(metrics, "sapo_sampler_warm_start_groups_used_total") == 6
-    assert _metric(metrics, "sapo_sampler_warm_start_groups_read_total") == 12
-    for reason, count in {"own_node": 1, "no_signal": 1, "too_old": 1, "unused": 3}.items():
+    assert _metric(metrics, "sapo_sampler_warm_start_groups_read_total") == 13
+    for reason, count in {"own_node": 1, "no_signal": 1, "too_old": 1, "unused": 3, "bad_header": 1}.items():
         assert (
             _metric(metrics, f'sapo_sampler_warm_start_groups_rejected_total{{reason="{reason}"}}') == count
         )
