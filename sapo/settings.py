@@ -254,13 +254,17 @@ class RoundSettings(BaseModel):
     )
 
 
+MAX_LEASE_TTL_S: Final = 3600.0
+"""The longest lease ttl a process may be set to; readers refuse a lease record with a longer one."""
+
+
 class LeaseSettings(BaseModel):
     """The single-writer lease of a sampler or trainer (`sapo.node.lease`), declared once for both."""
 
     lease_ttl_s: float = Field(
         30.0,
         ge=3.0,
-        le=3600.0,
+        le=MAX_LEASE_TTL_S,
         description="A lease not renewed for this long may be taken by a standby (renewed every third of "
         "it); also how long a standby waits after a holder dies without releasing.",
     )

@@ -25,6 +25,25 @@ one partition, key = role) before it writes anything:
   writer's epoch, and their readers refuse one from an epoch lower than the highest they have seen. That
   closes the last gap, a paused holder that wakes and writes once before its next `check()`.
 
+What is read is bounded, so that one record from any client that can write to the node's topics cannot
+take a role for good (a lease nobody can outbid or outwait) or make every later write look fenced.
+Each refused record is counted, dead-lettered and skipped (`InvalidMessageError`, by reason):
+
+- `lease_ttl_out_of_range`: a `ttl_s` that is not finite or not within 0..`MAX_LEASE_TTL_S` (the
+  longest `lease_ttl_s` a process may be set to), so a lease no longer renewed expires within an hour.
+- `lease_epoch_ahead`: an epoch above the record's own offset. An epoch is the offset + 1 of an
+  earlier acquisition on this single partition, so a legitimate renewal or release never carries one;
+  every later acquisition outbids any epoch that is let through. A holder whose own record is refused
+  so (the topic was deleted and created again under it) has lost its lease and stops.
+- `lease_renewed_ahead`: a `renewed_at` more than `MAX_CLOCK_AHEAD_S` ahead of this process's clock,
+  which would keep the lease live for that long beyond its ttl. Clocks of one cluster agree within
+  far less; a holder whose clock is that far ahead loses its lease to a standby (it is fenced) rather
+  than keep one nobody could take over.
+- A trainer refuses a batch whose sampler epoch lies beyond the end of the leases topic as read
+  (`epoch_beyond_leases`; `vouches`): no acquisition has given it, and letting it through would make
+  every later batch look fenced. The sampler's acquisition precedes its first batch, so the trainer
+  reads the topic on (until it has been idle for `lease_read_idle_s`) before refusing one.
+
 The embedded broker honours all of this (single-partition produce order, offsets, reads from the
 start); it does not compact, so the topic keeps every renewal (one record per role every `ttl_s / 3`:
 about 1 MB a day). Apache Kafka compacts it to the latest record per role. Transactional producers'
@@ -35,6 +54,7 @@ accepts transactions without honouring them, so the lease does not rely on them.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import time
@@ -49,6 +69,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from sapo.kafka import (
     ConsumerClient,
     ConsumerLoop,
+    DeadLetters,
     Disposition,
     Publisher,
     Record,
@@ -59,7 +80,7 @@ from sapo.kafka.errors import ProduceError, ServiceError
 from sapo.lifecycle import StopFlag
 from sapo.ops import Health
 from sapo.runtime import Runtime
-from sapo.settings import LeaseSettings
+from sapo.settings import MAX_LEASE_TTL_S, LeaseSettings
 from sapo.v1 import lease_pb2
 from sapo.wire import SCHEMA_VERSION, InvalidMessageError, decode, message_headers
 
@@ -74,6 +95,9 @@ STALE_FRACTION: Final = 0.8
 """A holder stops writing once its last acknowledged renewal is this much of the ttl old."""
 ASSIGN_TIMEOUT_S: Final = 120.0
 """Longest wait for the leases topic's partition: a missing topic fails the start with what to do."""
+MAX_CLOCK_AHEAD_S: Final = 300.0
+"""A lease record renewed further than this ahead of the reader's clock is refused (Kerberos allows
+clocks as far apart by default)."""
 _MAX_DRAIN: Final = 10_000
 
 
@@ -108,6 +132,29 @@ def fold(current: Holder | None, lease: lease_pb2.Lease, offset: int) -> Holder 
         return current
     renewed = lease.renewed_at.seconds + lease.renewed_at.nanos / 1e9
     return Holder(lease.owner, epoch, renewed, lease.ttl_s, lease.released)
+
+
+def lease_problem(lease: lease_pb2.Lease, offset: int, now_s: float) -> InvalidMessageError | None:
+    """Why a lease record read at `offset` at `now_s` cannot be trusted (see the module docstring), or
+    None."""
+    ttl_s = lease.ttl_s
+    if not (math.isfinite(ttl_s) and 0.0 <= ttl_s <= MAX_LEASE_TTL_S):
+        return InvalidMessageError(
+            "lease_ttl_out_of_range", f"ttl_s {ttl_s} of {lease.owner!r} is not within 0..{MAX_LEASE_TTL_S} s"
+        )
+    if lease.epoch > offset:
+        return InvalidMessageError(
+            "lease_epoch_ahead",
+            f"epoch {lease.epoch} of {lease.owner!r} at offset {offset}: no acquisition before it has it",
+        )
+    ahead_s = lease.renewed_at.seconds + lease.renewed_at.nanos / 1e9 - now_s
+    if ahead_s > MAX_CLOCK_AHEAD_S:
+        return InvalidMessageError(
+            "lease_renewed_ahead",
+            f"renewed_at of {lease.owner!r} is {ahead_s:.0f} s ahead of this clock (at most "
+            f"{MAX_CLOCK_AHEAD_S:.0f} s)",
+        )
+    return None
 
 
 class LeaseMetrics:
@@ -147,6 +194,7 @@ class Lease:
         transport: TransportMetrics,
         health: Health,
         stop: StopFlag,
+        dead_letters: DeadLetters | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._publisher = publisher
@@ -163,6 +211,8 @@ class Lease:
         self.epoch = 0
         """The epoch this process holds; 0 while it holds none."""
         self.holder: Holder | None = None
+        self.end = 0
+        """The offset + 1 of the last record read: no epoch of this topic is higher."""
         self._renewed_s = 0.0
         self._checked_s = 0.0
         self._newest_ms = 0
@@ -173,6 +223,7 @@ class Lease:
             self._read,
             stop=stop,
             metrics=transport,
+            dead_letters=dead_letters,
             stream_of=lambda _topic: "leases",
             poll_timeout_s=0.0,
         )
@@ -249,6 +300,20 @@ class Lease:
                 )
             )
 
+    def vouches(self, epoch: int) -> bool:
+        """Whether a write of `epoch` may come from a holder of a lease of this topic: no acquisition
+        lies beyond the topic's end. An epoch beyond the end read so far is read for until nothing
+        arrives for `idle_s`: a holder writes its acquisition before anything else, but this reader
+        may not have fetched it yet."""
+        idle_since = time.monotonic()
+        while epoch > self.end and not self._stop.is_set():
+            self._health.beat()
+            if self._loop.step(0.1):
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since >= self._idle_s:
+                break
+        return epoch <= self.end
+
     def release(self) -> None:
         """Give the lease up (clean stop): a standby may take it at once. Best effort."""
         if self.epoch:
@@ -305,10 +370,23 @@ class Lease:
         self._renewed_s = sent_s
 
     def _read(self, record: Record) -> Disposition:
-        self._newest_ms = max(self._newest_ms, record.timestamp_ms)
+        now = self._clock()
+        self.end = max(self.end, record.offset + 1)
+        if record.timestamp_ms <= (now + MAX_CLOCK_AHEAD_S) * 1000:  # a record from the future ends no read
+            self._newest_ms = max(self._newest_ms, record.timestamp_ms)
         lease = decode(lease_pb2.Lease, record.value, 1 << 16)
         if lease.node_id != self._node_id or not lease.owner:
             raise InvalidMessageError("wrong_node", f"lease of {lease.node_id!r} on {self._node_id}'s topic")
+        problem = lease_problem(lease, record.offset, now)
+        if problem is not None:
+            if self.epoch and lease.owner == self.owner and problem.reason == "lease_epoch_ahead":
+                self._lose(
+                    LeaseLostError(
+                        f"the leases topic {self._topic} no longer holds the acquisition of epoch "
+                        f"{self.epoch} (created again?): this {self._role} stops without writing"
+                    )
+                )
+            raise problem
         if lease.role == self._role:
             self.holder = fold(self.holder, lease, record.offset)
         return Disposition.DONE
@@ -354,4 +432,5 @@ def node_lease(runtime: Runtime, settings: LeaseSettings, role: str) -> Lease:
         transport=runtime.transport,
         health=runtime.health,
         stop=runtime.stop,
+        dead_letters=runtime.dead_letters,
     )

@@ -257,6 +257,12 @@ class TrainerService:
             raise InvalidMessageError(
                 "fenced_batch", f"batch {batch.batch_id} of sampler epoch {batch.epoch} < {self._batch_epoch}"
             )
+        if self.lease is not None and not self.lease.vouches(batch.epoch):
+            raise InvalidMessageError(  # it would make every later batch look fenced
+                "epoch_beyond_leases",
+                f"batch {batch.batch_id} of sampler epoch {batch.epoch}: the leases topic ends at offset "
+                f"{self.lease.end}, so no sampler holds a lease of that epoch",
+            )
         self._batch_epoch = batch.epoch
         if self.lease is not None:
             self.lease.check()

@@ -14,12 +14,14 @@ import pytest
 import torch
 
 from sapo.checkpoints import CheckpointStore, load_weights, read_manifest
+from sapo.kafka.dlq import H_REASON
 from sapo.models import load_bundled_tokenizer
 from sapo.node.trainer import TrainerService
 from sapo.runtime import start_runtime
 from sapo.settings import ConsumerProfile, KafkaConnection
 from sapo.trainer.settings import TrainerSettings
 from tests.integration import trainer_support as ts
+from tests.integration.kafka_helpers import read_topic
 from tests.unit.trainer import builders as b
 
 pytestmark = pytest.mark.integration
@@ -145,3 +147,43 @@ def test_sigkill_mid_step_resumes_from_the_checkpoint_without_training_a_batch_t
     updates = ts.policy_updates(kafka_bootstrap, topics.policy, until_version=len(batches))
     announced = {u.version: u.batch_id for u in updates}
     assert announced == {0: ""} | {seq + 1: f"node-a/{seq}" for seq in range(len(batches))}
+
+
+def test_a_batch_of_an_epoch_no_lease_has_is_refused_and_later_batches_still_train(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    """Any client of the batch topic could send a batch of epoch 2^62: it used to be trained and to
+    raise the fencing floor so high that every batch of the real sampler was refused as fenced."""
+    topics = ts.node_topics(kafka_bootstrap, topic_prefix)
+    tokenizer = load_bundled_tokenizer()
+    batches = ts.make_batches(b.tiny(tokenizer), tokenizer, b.questions(1), count=3)
+    forged = b.training_batch(1, [], node_id=ts.NODE)
+    forged.epoch = 2**62
+    ts.publish(kafka_bootstrap, topics.batches, [batches[0], forged, *batches[1:]])
+    settings = TrainerSettings(
+        node_id=ts.NODE,
+        model="tiny:0",
+        precision="fp32",
+        checkpoint_root=tmp_path,
+        topic_prefix=topic_prefix,
+        kafka=KafkaConnection(bootstrap_servers=kafka_bootstrap),
+        consumer=ConsumerProfile.local(),
+        http_host="127.0.0.1",
+        http_port=0,
+        lease_read_idle_s=0.5,
+    )
+    runtime = start_runtime("trainer", settings, install_signals=False)
+    try:
+        service = TrainerService.from_runtime(settings, runtime)
+        assert service is not None
+        service.run(until=lambda: service.trainer.version >= len(batches), idle_timeout_s=15)
+        refused = runtime.registry.get_sample_value(
+            "sapo_trainer_messages_rejected_total", {"reason": "epoch_beyond_leases"}
+        )
+    finally:
+        runtime.close()
+    assert refused == 1
+    updates = ts.policy_updates(kafka_bootstrap, topics.policy, until_version=len(batches))
+    assert [u.batch_id for u in updates] == ["", "node-a/0", "node-a/1", "node-a/2"]
+    (dead,) = read_topic(kafka_bootstrap, topics.dlq)
+    assert (dead.key, dead.headers[H_REASON]) == (b"node-a/1", b"epoch_beyond_leases")

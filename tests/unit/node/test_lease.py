@@ -9,7 +9,7 @@ from typing import ClassVar
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sapo.kafka import Publisher, TransportMetrics
+from sapo.kafka import Publisher, Record, TransportMetrics
 from sapo.kafka.errors import DeliveryError
 from sapo.kafka.memory import MemoryBus, MemoryConsumerClient, MemoryPublisher
 from sapo.lifecycle import StopFlag
@@ -33,10 +33,16 @@ REGISTRIES: dict[int, CollectorRegistry] = {}
 HEALTHS: dict[int, Health] = {}
 
 
-def lease(bus: MemoryBus, clock: Clock, name: str, publisher: Publisher | None = None) -> Lease:
+def lease(
+    bus: MemoryBus,
+    clock: Clock,
+    name: str,
+    publisher: Publisher | None = None,
+    client: MemoryConsumerClient | None = None,
+) -> Lease:
     registry, health = CollectorRegistry(), Health()
     made = Lease(
-        MemoryConsumerClient(bus, f"lease-{name}"),
+        client or MemoryConsumerClient(bus, f"lease-{name}"),
         publisher or MemoryPublisher(bus),
         topic=TOPIC,
         node_id="node-a",
@@ -187,3 +193,31 @@ def test_a_stop_cuts_short_only_the_wait_to_acquire_never_a_renewal_or_the_relea
     holder.release()
     assert publisher.waits == [False, False]  # neither could be cut short
     assert holder.holder is not None and holder.epoch == 0
+
+
+class ResetConsumerClient(MemoryConsumerClient):
+    """Starts a partition over at its beginning when its position lies beyond its end, as librdkafka
+    does (auto.offset.reset=earliest) for a topic deleted and created again."""
+
+    def poll(self, timeout: float) -> Record | None:
+        for tp, pos in self._positions.items():
+            if pos > len(self._bus.topics.get(tp[0], [])):
+                self._positions[tp] = 0
+        return super().poll(timeout)
+
+
+def test_a_holder_whose_leases_topic_was_created_again_stops_writing() -> None:
+    """Its renewals carry an epoch the new topic never gave (refused as lease_epoch_ahead): left to
+    run, it would write on while a standby took the lease with a lower epoch that cannot fence it."""
+    bus, clock = MemoryBus(), Clock()
+    first = lease(bus, clock, "a")
+    assert first.acquire()
+    first.release()
+    holder = lease(bus, clock, "b", client=ResetConsumerClient(bus, "lease-b"))
+    assert holder.acquire() and holder.epoch == 3
+    bus.topics[TOPIC] = []  # deleted and created again
+    clock.now += TTL / 3
+    holder.check(before_write=True)  # renews: the record lands at offset 0 with epoch 3
+    with pytest.raises(LeaseLostError, match="no longer holds the acquisition of epoch 3"):
+        holder.check(before_write=True)
+    assert holder.epoch == 0 and metric(holder, "sapo_sampler_fenced_total") == 1
