@@ -459,9 +459,11 @@ def _same_weights(
 
 
 def read_manifest(uri: str, expected_sha256: str) -> tuple[Manifest, Location]:
-    """Load a manifest and check it against the digest announced with it."""
+    """Load a manifest and check it against the digest announced with it; the location of its files
+    is read with the same client, whose requests fail fast (`storage.READS`): a generator retries a
+    version on its own schedule."""
     try:
-        target = storage.location(uri)
+        target = storage.location(uri, limits=storage.READS)
     except (ValueError, ImportError) as exc:  # an announced URL this process cannot open: its problem
         raise CheckpointError("unsupported", f"cannot open {uri}: {exc}") from None
     data = storage.read_bytes(target)

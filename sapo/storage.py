@@ -11,6 +11,18 @@ or Ceph, `AWS_PROFILE` / `AWS_SHARED_CREDENTIALS_FILE` for a mounted credentials
 (IRSA, instance profile) needs none of them. fsspec's own `FSSPEC_S3_<KEY>` variables (for example
 `FSSPEC_S3_ENDPOINT_URL`) also apply.
 
+Every request to an `s3://` store is bounded (`Limits`): s3fs's defaults (15 s per read, botocore's
+five attempts, and five retries of its own of a timed-out request on top of them) held one failed read
+of a store that accepted connections and never answered for ~400 s, and of a blackholed endpoint ~30 s.
+Writes (the trainer) get `WRITES`: retries absorb a throttled or reset request, and a read timeout
+long enough for an upload's last bytes still in the socket buffers of a slow link. Generators read with
+`READS`: one attempt, short timeouts, because a failed load is retried on the generator's own schedule
+(`sapo.generator.reload`) and the attempt holds up its loop. The read timeout bounds each wait for
+bytes (aiohttp's `sock_read`, armed once the request is sent and re-armed by every chunk received), not
+a whole transfer: a large shard from a slow but working store is not cut short. To change them, set
+`FSSPEC_S3_CONFIG_KWARGS` to the JSON of botocore `Config` arguments, for example
+`{"read_timeout": 60, "retries": {"mode": "standard", "total_max_attempts": 5}}`; what it names wins.
+
 Reads and writes hash the bytes that pass (see `sapo.digests`): a file is written once and read once.
 A local file is read through a private memory map, so the tensors parsed from it view the very pages
 that were hashed; a remote object is fetched with one request into one buffer, which is hashed and
@@ -25,10 +37,11 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Final
 from urllib.parse import unquote, urlparse
 
 import fsspec
+import fsspec.config
 from fsspec.implementations.local import LocalFileSystem
 
 from sapo.digests import Hashing, new_hasher
@@ -113,15 +126,60 @@ class Location:
             self.fs.invalidate_cache(self.path)
 
 
-def location(url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> Location:
-    """The store or file at a path or URL (`file://` URIs may be percent-encoded, as `Path.as_uri` does)."""
+@dataclass(frozen=True)
+class Limits:
+    """How long one request to an object store may take: seconds to connect, seconds to wait for each
+    read of its answer, and attempts (botocore's standard retry mode: exponential backoff with jitter)."""
+
+    connect_timeout_s: float
+    read_timeout_s: float
+    attempts: int
+
+    def config_kwargs(self) -> dict[str, Any]:
+        """The botocore `Config` arguments s3fs takes as `config_kwargs`."""
+        return {
+            "connect_timeout": self.connect_timeout_s,
+            "read_timeout": self.read_timeout_s,
+            "retries": {"mode": "standard", "total_max_attempts": self.attempts},
+        }
+
+
+WRITES: Final = Limits(connect_timeout_s=5.0, read_timeout_s=30.0, attempts=3)
+READS: Final = Limits(connect_timeout_s=3.0, read_timeout_s=10.0, attempts=1)
+_S3_PROTOCOLS: Final = frozenset({"s3", "s3a"})
+
+
+def location(
+    url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None, *, limits: Limits = WRITES
+) -> Location:
+    """The store or file at a path or URL (`file://` URIs may be percent-encoded, as `Path.as_uri` does);
+    an `s3://` store's requests are bounded by `limits` (see the module docstring)."""
     text = os.fspath(url)
     parsed = urlparse(text)
     if parsed.scheme == "file" or (not parsed.scheme or len(parsed.scheme) == 1):  # c:\ style too
         path = unquote(parsed.path) if parsed.scheme == "file" else text
         return Location(LocalFileSystem(), str(Path(path).absolute()))
-    fs, path = fsspec.core.url_to_fs(text, **(storage_options or {}))
+    options = dict(storage_options or {})
+    s3 = parsed.scheme in _S3_PROTOCOLS
+    if s3:
+        options["config_kwargs"] = client_config(limits, options.get("config_kwargs"))
+    fs, path = fsspec.core.url_to_fs(text, **options)
+    if s3:
+        # s3fs retries a timed-out request five more times on top of botocore's attempts, and takes
+        # that count only as an attribute: botocore's attempts are the only retries.
+        fs.retries = 1
     return Location(fs, str(path))
+
+
+def client_config(limits: Limits, given: dict[str, Any] | None = None) -> dict[str, Any]:
+    """botocore `Config` arguments: `limits`, under what fsspec's configuration says for s3
+    (`FSSPEC_S3_CONFIG_KWARGS`, `FSSPEC_S3`), under what the caller gives."""
+    configured = fsspec.config.conf.get("s3", {}).get("config_kwargs") or {}
+    if not isinstance(configured, dict):
+        raise ValueError(
+            f"FSSPEC_S3_CONFIG_KWARGS must be a JSON object of botocore Config arguments, got {configured!r}"
+        )
+    return limits.config_kwargs() | configured | (given or {})
 
 
 def store_problem(url: str) -> str | None:

@@ -3,18 +3,24 @@ tied weights stored once, digests verified while reading, replays verified, stat
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import http.server
 import io
 import json
 import os
+import socket
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from urllib.parse import urlparse
 
+import fsspec.config
 import pytest
 import torch
+from s3fs import S3FileSystem
 from safetensors.torch import load_file, save_file
 
 from sapo import storage
@@ -335,3 +341,143 @@ def test_a_manifest_naming_no_plain_file_is_malformed(tmp_path: Path, name: obje
     with pytest.raises(CheckpointError, match="plain file name") as error:
         read_manifest(manifest.as_uri(), hashlib.sha256(manifest.read_bytes()).hexdigest())
     assert error.value.reason == "malformed"
+
+
+# --- an object store that does not answer, or answers slowly ----------------------------------------------
+
+
+@contextlib.contextmanager
+def _unreachable(kind: str) -> Iterator[str]:
+    """An endpoint on loopback that refuses connections (`closed`), drops them unanswered (`blackholed`:
+    a listener whose backlog is full, so a connect never completes) or accepts them and never answers
+    (`silent`: the kernel completes the handshake of a listener that never accepts)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    fillers: list[socket.socket] = []
+    if kind == "closed":
+        listener.close()
+    else:
+        listener.listen(0 if kind == "blackholed" else 16)
+    if kind == "blackholed":
+        for _ in range(8):
+            filler = socket.socket()
+            filler.setblocking(False)
+            filler.connect_ex(("127.0.0.1", port))
+            fillers.append(filler)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        for sock in [listener, *fillers]:
+            sock.close()
+
+
+@pytest.fixture
+def elsewhere(s3_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], None]]:
+    """Points this test's S3 clients at another endpoint; fsspec's cached clients keep the endpoint they
+    were made with, so none made before or during the test is reused."""
+
+    def point(endpoint: str) -> None:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+        S3FileSystem.clear_instance_cache()
+
+    yield point
+    S3FileSystem.clear_instance_cache()
+
+
+def _finishes_within(seconds: float, call: Callable[[], object]) -> BaseException | None:
+    """The exception `call` raised, failing the test if it runs longer than `seconds` (a daemon thread:
+    a call that hangs for minutes does not hold up the suite)."""
+    raised: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # handed to the test
+            raised.append(exc)
+        else:
+            raised.append(None)
+
+    thread = threading.Thread(target=run, daemon=True)
+    started = time.monotonic()
+    thread.start()
+    thread.join(seconds)
+    assert raised, f"still running after {time.monotonic() - started:.1f}s"
+    return raised[0]
+
+
+@pytest.mark.parametrize(("kind", "bound_s"), [("closed", 3.0), ("blackholed", 8.0), ("silent", 4.0)])
+def test_a_load_from_a_store_that_does_not_answer_fails_fast(
+    s3_url: str, elsewhere: Callable[[str], None], monkeypatch: pytest.MonkeyPatch, kind: str, bound_s: float
+) -> None:
+    """One failed attempt must not hold a generator's loop for long: botocore's defaults and s3fs's own
+    retries of a timed-out request held it 9 s (refused), ~30 s (blackholed), ~400 s (silent). The silent
+    store's bound is set through fsspec's configuration (what an operator would set), so that the test
+    stays short; by default the wait is `READS.read_timeout_s`."""
+    if kind == "silent":
+        monkeypatch.setitem(fsspec.config.conf, "s3", {"config_kwargs": {"read_timeout": 1}})
+    with _unreachable(kind) as endpoint:
+        elsewhere(endpoint)
+        manifest = f"{s3_url}/n1/v00000001/{MANIFEST}"
+        error = _finishes_within(bound_s, lambda: read_manifest(manifest, "0" * 64))
+    assert isinstance(error, CheckpointError) and error.reason == "unavailable", error
+
+
+def test_store_limits_are_botocore_config_and_operators_override_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert storage.client_config(storage.READS)["retries"] == {"mode": "standard", "total_max_attempts": 1}
+    monkeypatch.setitem(fsspec.config.conf, "s3", {"config_kwargs": {"read_timeout": 60}})
+    config = storage.client_config(storage.WRITES, {"connect_timeout": 1})
+    assert config["read_timeout"] == 60 and config["connect_timeout"] == 1
+    assert config["retries"]["total_max_attempts"] == storage.WRITES.attempts
+    monkeypatch.setitem(fsspec.config.conf, "s3", {"config_kwargs": "read_timeout=60"})
+    assert "FSSPEC_S3_CONFIG_KWARGS" in str(storage.store_problem("s3://bucket/prefix"))
+
+
+@contextlib.contextmanager
+def _slow_link(endpoint: str, piece: int, pause_s: float) -> Iterator[str]:
+    """A TCP proxy to `endpoint` that passes the answers on `piece` bytes every `pause_s`."""
+    upstream = urlparse(endpoint)
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def pump(source: socket.socket, sink: socket.socket, slow: bool) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(piece if slow else 1 << 20):
+                sink.sendall(data)
+                if slow:
+                    time.sleep(pause_s)
+        for sock in (source, sink):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = listener.accept()
+                server = socket.create_connection((upstream.hostname, upstream.port))
+                threading.Thread(target=pump, args=(client, server, False), daemon=True).start()
+                threading.Thread(target=pump, args=(server, client, True), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.close()
+
+
+def test_a_shard_that_takes_longer_than_the_read_timeout_to_arrive_slowly_still_loads(
+    s3_url: str, elsewhere: Callable[[str], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The read timeout bounds each wait for bytes, not a whole download: a shard trickling in for ~2 s
+    loads under a 1 s read timeout."""
+    tensor = torch.arange(300_000, dtype=torch.float32)  # 1.2 MB
+    written = CheckpointStore(s3_url).publish("n1", 1, {"w": tensor}, base_model="tiny:0").written
+    assert written is not None
+    monkeypatch.setitem(fsspec.config.conf, "s3", {"config_kwargs": {"read_timeout": 1}})
+    with _slow_link(os.environ["AWS_ENDPOINT_URL"], 64 * 1024, 0.1) as endpoint:
+        elsewhere(endpoint)
+        started = time.monotonic()
+        manifest, directory = read_manifest(written.manifest_uri, written.manifest_sha256)
+        assert torch.equal(load_weights(manifest, directory)["w"], tensor)
+    assert time.monotonic() - started > 1.5  # it did arrive slowly
