@@ -19,6 +19,7 @@ from sapo.backends import SamplingConfig, TransformersBackend
 from sapo.convert import question_from_proto
 from sapo.identity import NodeKey, Sender, TrustStore
 from sapo.identity.keys import write_private
+from sapo.kafka.dlq import H_SOURCE as DLQ_SOURCE
 from sapo.models import build_tiny_model, load_bundled_tokenizer, tokenizer_fingerprint
 from sapo.tasks import EASY_PROFILE, TaskStream, render_prompt
 from sapo.topics import TopicNames
@@ -33,6 +34,7 @@ from tests.integration.generator_helpers import (
     plan_work,
     wait_until,
 )
+from tests.integration.kafka_helpers import read_topic
 from tests.unit.generator.harness import flip_byte, policy_update, write_checkpoint
 
 pytestmark = pytest.mark.integration
@@ -251,3 +253,33 @@ def test_a_corrupt_checkpoint_is_rejected_reported_and_not_loaded(
         assert gen.readyz()[0] == 200
         assert gen.metric("sapo_generator_policy_version") == 4
     collector.close()
+
+
+def test_a_restarted_generator_dead_letters_only_the_refused_updates_that_arrive_after_it_starts(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    """Every start reads the compacted policy topic again: a refused update read before is counted, and
+    dead-lettered only by the generator that read it as it arrived (one there before any generator ran
+    is dead-lettered by none)."""
+    create_node_topics(kafka_bootstrap, topic_prefix, "node-a")
+    names = TopicNames.for_node("node-a", topic_prefix)
+    rejected, dead = "sapo_generator_messages_rejected_total", "sapo_generator_messages_dead_lettered_total"
+    foreign = policy_update(write_checkpoint(tmp_path, "node-b", 1, {}), "node-b", 1)
+    announce(kafka_bootstrap, names.policy, "node-a", foreign)  # before any generator
+    settings = generator_settings(kafka_bootstrap, topic_prefix, policy_catchup_idle_s=0.5)
+    with ThreadedGenerator(settings) as first:
+        wait_until(lambda: first.metric(rejected, {"reason": "foreign_node"}) == 1, 30, "the first read")
+        announce(kafka_bootstrap, names.policy, "node-a", b"\xff\xff")
+        wait_until(lambda: first.metric(dead, {"reason": "undecodable"}) == 1, 30, "a dead letter")
+    with ThreadedGenerator(settings) as second:
+        wait_until(lambda: second.metric(rejected, {"reason": "undecodable"}) == 1, 30, "the second read")
+        announce(kafka_bootstrap, names.policy, "node-a", b"\xfe")
+        wait_until(lambda: second.metric(rejected, {"reason": "undecodable"}) == 2, 30, "a new update")
+        assert second.metric(rejected, {"reason": "foreign_node"}) == 1
+        assert second.metric(dead, {"reason": "foreign_node"}) is None
+        assert second.metric(dead, {"reason": "undecodable"}) == 1
+    letters = read_topic(kafka_bootstrap, names.dlq)
+    assert [(r.value, r.headers[DLQ_SOURCE]) for r in letters] == [
+        (b"\xff\xff", f"{names.policy}/0/1".encode()),
+        (b"\xfe", f"{names.policy}/0/2".encode()),
+    ]

@@ -31,6 +31,7 @@ from tests.unit.generator.harness import (
 pytestmark = pytest.mark.unit
 FAILURES = "sapo_generator_weight_load_failures_total"
 RETRIES = "sapo_generator_weight_load_retries_total"
+REJECTED = "sapo_generator_messages_rejected_total"
 FAST = ReloadPolicy(initial_s=0.02, max_s=0.05, give_up_s=0.3, max_behind_s=0.6)
 
 
@@ -130,6 +131,44 @@ def test_invalid_or_foreign_updates_are_dead_lettered(gen: MemoryGenerator, tmp_
     assert dead == [b"incomplete_policy_update", b"foreign_node", b"undecodable"]
     assert gen.follower.loaded == gen.follower.announced == 0
     assert gen.health.failing() == []
+
+
+def test_a_restart_dead_letters_only_what_arrives_after_it(
+    gen: MemoryGenerator, tokenizer: PreTrainedTokenizerBase, tmp_path: Path
+) -> None:
+    """The compacted topic is read again on every start: what an earlier start dead-lettered is counted,
+    not dead-lettered again; an update refused after the start still is, once."""
+    gen.bus.append(gen.topics.policy, b"node-a", b"\xff\xff", [])  # arrived while no generator read
+    _announce(gen, b"\xfe")
+    written = write_checkpoint(tmp_path, "node-a", 1, _state(tokenizer, "tiny:1"))
+    _announce(gen, policy_update(written, "node-a", 1))
+    assert len(gen.bus.topics[gen.topics.dlq]) == 2 and gen.follower.loaded == 1
+
+    restarted = memory_generator(
+        settings(), TransformersBackend(build_tiny_model(tokenizer, seed=0), tokenizer), gen.bus, FAST
+    )
+    restarted.follower.open()
+    assert restarted.follower.catch_up()
+    assert restarted.follower.loaded == 1
+    assert restarted.metric(REJECTED, {"reason": "undecodable"}) == 2
+    assert len(gen.bus.topics[gen.topics.dlq]) == 2
+    _announce(restarted, policy_pb2.PolicyUpdate(schema_version=1, node_id="node-a").SerializeToString())
+    dead = [r.headers["sapo-dlq-reason"] for r in gen.bus.topics[gen.topics.dlq]]
+    assert dead == [b"undecodable", b"undecodable", b"incomplete_policy_update"]
+    assert restarted.metric(REJECTED, {"reason": "incomplete_policy_update"}) == 1
+
+
+def test_a_first_start_counts_but_does_not_dead_letter_what_the_topic_already_holds(
+    tokenizer: PreTrainedTokenizerBase,
+) -> None:
+    """Whether an earlier start dead-lettered a record cannot be told: none that was on the topic before
+    this start is, a first start's included (it stays on the policy topic, and is counted)."""
+    gen = memory_generator(settings(), TransformersBackend(build_tiny_model(tokenizer, seed=0), tokenizer))
+    gen.bus.append(gen.topics.policy, b"node-b", b"\xff", [])
+    gen.follower.open()
+    assert gen.follower.catch_up()
+    assert gen.metric(REJECTED, {"reason": "undecodable"}) == 1
+    assert gen.topics.dlq not in gen.bus.topics and gen.health.failing() == []
 
 
 def _poll_until(gen: MemoryGenerator, condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
