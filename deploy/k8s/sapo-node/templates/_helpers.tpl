@@ -163,7 +163,8 @@ Secrets come from existing Secrets only (secretKeyRef), never from values.
 {{/*
 One entry of a bootstrapServers list that the services take (sapo.cliargs.broker_addresses) or
 stricter: [SCHEME://]host:port with the port named, 1-65535 without a leading zero; a host name of
-labels of at most 63 characters, or an IPv6 address in brackets (RFC 3986's forms).
+labels of at most 63 characters (at most 253 in all: sapo-node.validateBrokers checks that), or an
+IPv6 address in brackets (RFC 3986's forms).
 Here rather than as a schema pattern, whose refusal would print the whole expression.
 */}}
 {{- define "sapo-node.brokerPattern" -}}
@@ -194,6 +195,12 @@ form expected; an empty list is left to `required`. Call with (dict "name" "kafk
 {{- range $broker := splitList "," . }}
 {{- if not (regexMatch $address $broker) }}
 {{- fail (printf "%s.bootstrapServers=%q: %q is not a broker address; expected host:port[,host:port...] (port 1-65535, an IPv6 host in brackets as [::1]:9092, optionally the securityProtocol's scheme first as SASL_SSL://host:port)" $ctx.name $ctx.conn.bootstrapServers $broker) }}
+{{- end }}
+{{- /* The services also refuse a host name longer than 253 characters (a trailing dot counted),
+which a pattern of labels cannot bound. */}}
+{{- $host := regexReplaceAll "^([A-Z_]+://)?(.*):[0-9]+$" $broker "${2}" }}
+{{- if gt (len $host) 253 }}
+{{- fail (printf "%s.bootstrapServers=%q: %q is not a broker address; its host name has %d characters, at most 253 are allowed" $ctx.name $ctx.conn.bootstrapServers $broker (len $host)) }}
 {{- end }}
 {{- end }}
 {{- end }}
