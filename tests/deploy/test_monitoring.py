@@ -336,6 +336,17 @@ def test_dashboard_opens_on_one_node_of_the_release_namespace() -> None:
     assert variables["namespace"]["current"]["value"] == NAMESPACE
 
 
+@pytest.mark.parametrize("service", SERVICES)
+def test_dashboard_finds_the_node_without_one_of_the_charts_services(service: str) -> None:
+    """With `<service>.enabled=false` the release scrapes the other two only: the namespace and node
+    pickers must list the node from what it still scrapes, or every panel selects nothing."""
+    _, board = dashboard(f"{service}.enabled=false")
+    for variable in board["templating"]["list"]:
+        if variable["type"] == "query":
+            for query in (variable["query"]["query"], variable["definition"]):
+                assert f"sapo_{service}_" not in query, (variable["name"], query)
+
+
 def test_nodes_sharing_a_grafana_and_a_strimzi_namespace_get_objects_of_their_own() -> None:
     """Two nodes installed under one release name (in two namespaces) put their KafkaTopics into the
     one Strimzi namespace and their dashboards into the one Grafana: names and uids follow the node
