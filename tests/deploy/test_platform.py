@@ -23,6 +23,7 @@ from tests.deploy.helm import (
     container,
     deployment,
     env_of,
+    install_notes,
     of_kind,
     render,
     render_files,
@@ -539,6 +540,16 @@ def test_generators_without_the_charts_trainer_get_no_affinity_to_it() -> None:
     with_trainer = pod_spec(deployment(render(None), "generator"))
     assert with_trainer["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert "affinity" not in pod_spec(deployment(render(None, "trainer.enabled=false"), "generator"))
+
+
+@pytest.mark.parametrize("service", ["generator", "trainer"])
+def test_notes_keep_the_colocation_a_read_write_once_volume_needs(service: str) -> None:
+    """Without the chart's generators or trainer the ones run instead still share the ReadWriteOnce
+    claim and so one Kubernetes node: the NOTES say so, and no longer promise a pod affinity."""
+    notes = install_notes(f"{service}.enabled=false")
+    assert "the checkpoint volume is ReadWriteOnce: every generator must run on the" in notes, notes
+    assert "a pod affinity keeps them there" not in notes
+    assert "a pod affinity keeps them there" in install_notes()
 
 
 def test_with_every_service_disabled_only_the_shared_objects_remain() -> None:
