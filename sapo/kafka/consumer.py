@@ -23,6 +23,14 @@ Delivery semantics (at-least-once):
   `sapo.node.quarantine`). A `ServiceError` (a produce the broker refused, a fatal client error, a
   lost lease) is never contained: the service stops and its restart recovers. A record whose
   headers the client cannot read (a header name that is not UTF-8) is refused as "bad_header".
+- A reader of a topic's whole history at every start (`history=True`: the compacted policy and keys
+  topics, read from the beginning by every process) dead-letters only what arrived after its start.
+  When a partition is assigned it asks the broker where the partition ends; a record refused below that
+  end was refused, and dead-lettered, by the processes that read it as it arrived, so it is counted
+  and logged only: otherwise every restart would dead-letter it again and fire the dead-letter alert.
+  A record written while no reader ran (a first start's included) is dead-lettered by none; it stays on
+  the compacted topic until a newer record under its key replaces it. Where the broker cannot tell
+  the end, every record counts as new.
 """
 
 from __future__ import annotations
@@ -58,6 +66,8 @@ from sapo.lifecycle import StopFlag
 from sapo.wire import InvalidMessageError
 
 log = logging.getLogger(__name__)
+HISTORY_END_TIMEOUT_S: Final = 5.0
+"""Longest wait for the broker to say where a history reader's partition ended when it was assigned."""
 
 CONSUMER_DEFAULTS = {
     "enable.auto.commit": "true",
@@ -365,8 +375,12 @@ class ConsumerLoop:
         poll_timeout_s: float = 1.0,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         contain_errors: bool = True,
+        history: bool = False,
     ) -> None:
         self._client = client
+        self._history = history
+        self._history_ends: dict[TopicPartition, int] = {}
+        """Where each partition of a history reader ended when it was assigned."""
         self._stored_monotonic = -STORE_INTERVAL_S
         self._contain_errors = contain_errors
         self.opened = False
@@ -536,8 +550,8 @@ class ConsumerLoop:
             incomplete.reason,
         )
         self._metrics.rejected.inc(incomplete.reason)
-        if self._dead_letters is not None and not incomplete.delivered:
-            self._dead_letters.send(first, incomplete.reason, f"{len(incomplete.parts)} chunk(s) given up")
+        if not incomplete.delivered and (dlq := self._dead_letters_for(first)) is not None:
+            dlq.send(first, incomplete.reason, f"{len(incomplete.parts)} chunk(s) given up")
         for part in incomplete.parts:
             self.finish(part)
         last = chunk_of(incomplete.parts[-1])
@@ -547,9 +561,22 @@ class ConsumerLoop:
     def _reject(self, record: Record, exc: InvalidMessageError) -> None:
         log.warning("rejected %s/%d/%d: %s", record.topic, record.partition, record.offset, exc)
         self._metrics.rejected.inc(exc.reason)
-        if self._dead_letters is not None:
-            self._dead_letters.send(record, exc.reason, exc.detail)
+        if (dlq := self._dead_letters_for(record)) is not None:
+            dlq.send(record, exc.reason, exc.detail)
         self.finish(record)
+
+    def _dead_letters_for(self, record: Record) -> DeadLetters | None:
+        """Where `record`, refused, goes: nowhere for one a history reader read before its start (see
+        the module docstring)."""
+        if record.offset < self._history_ends.get(record.tp, 0):
+            log.info(
+                "%s/%d/%d was on the topic before this start: not dead-lettered again",
+                record.topic,
+                record.partition,
+                record.offset,
+            )
+            return None
+        return self._dead_letters
 
     def _store_if_moved(self) -> None:
         now = self.last_poll_monotonic
@@ -560,6 +587,13 @@ class ConsumerLoop:
     def _assigned(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
         self.assigned.update(tps)
         log.info("assigned %s", tps)
+        if self._history:
+            try:
+                bounds = self._client.offset_bounds(tps, HISTORY_END_TIMEOUT_S)
+            except TransportError as exc:
+                log.warning("end of %s not known (%s): every refused record is dead-lettered", tps, exc)
+                bounds = {}
+            self._history_ends.update({tp: bounds[tp][1] for tp in tps if tp in bounds})
         return self._on_assign(tps) if self._on_assign is not None else {}
 
     def _revoked(self, tps: list[TopicPartition]) -> None:

@@ -10,7 +10,8 @@ compacted and small), first to the end before it verifies anything (`catch_up`: 
 `idle_s` once assigned; the high watermark is not trusted), then between swarm records (`poll`).
 Applying an announcement twice changes nothing, so re-reading is harmless. Refused announcements
 are counted by reason, and the hostile ones (bad signature, a key bound to another node, a second
-rotation by one key) are dead-lettered like any hostile input.
+rotation by one key) are dead-lettered like any hostile input, once: by the receivers that read them as
+they arrive, not again at every start (the loop's `history` reading, `sapo.kafka.consumer`).
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ class KeysFollower:
             metrics=transport,
             dead_letters=dead_letters,
             stream_of=lambda _topic: "keys",
+            history=True,
             poll_timeout_s=0.0,
         )
         metrics.trusted_keys.set(len(store))

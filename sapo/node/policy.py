@@ -22,17 +22,10 @@ loaded (it was rejected); liveness fails once that lasts longer than `max_behind
 version nothing waits for is counted and alerted on, and leaves the generator ready.
 
 An update the follower refuses (undecodable, incomplete, another node's, a fenced trainer's) is counted
-by reason (`messages_rejected_total`) and dead-lettered only when it arrived after this process started:
-at or past the end the partition had when it was assigned (`HISTORY_END_TIMEOUT_S` to ask the broker).
-One below that end is history every start reads again: the replicas that read it as it arrived
-dead-lettered it, and dead-lettering it on each start filled the DLQ and fired the dead-letter alert at
-every restart. So a record written while no replica ran (a first start ever included) is counted and
-logged at each start but dead-lettered by none; it stays on the policy topic, where a newer update under
-the node's key compacts it away. A generator holds no state that could tell "dead-lettered before" from
-"never", and its replicas are peers with no lease to elect one of them, so each replica that reads a
-refused update live dead-letters it (the copies name the same `sapo-dlq-source`). Where the broker
-cannot tell the end, every record counts as live, as before. The consumer loop's own refusals
-(unreadable headers, a chunked message that cannot be reassembled) are dead-lettered as the loop does.
+by reason (`messages_rejected_total`) and dead-lettered only when it arrived after this process started
+(the loop's `history` reading, `sapo.kafka.consumer`): every start reads the topic again from its
+beginning, and each replica that reads a refused update as it arrives dead-letters it (they are peers
+with no lease to elect one; the copies name the same `sapo-dlq-source`).
 """
 
 from __future__ import annotations
@@ -48,16 +41,7 @@ from safetensors import SafetensorError
 from sapo.backends import GenerationBackend
 from sapo.checkpoints import CheckpointError, load_weights, read_manifest
 from sapo.generator import ReloadPolicy, Retry, is_transient
-from sapo.kafka import (
-    ConsumerClient,
-    ConsumerLoop,
-    DeadLetters,
-    Disposition,
-    Record,
-    TransportError,
-    TransportMetrics,
-)
-from sapo.kafka.records import TopicPartition
+from sapo.kafka import ConsumerClient, ConsumerLoop, DeadLetters, Disposition, Record, TransportMetrics
 from sapo.lifecycle import StopFlag
 from sapo.node.metrics import GeneratorMetrics
 from sapo.ops import Health
@@ -72,8 +56,6 @@ _MAX_DRAIN = 1000
 _WARN_EVERY_S = 30.0
 MAX_CANDIDATES = 8
 """Announced versions kept for loading; the lowest gives way to a newer one (it would be superseded)."""
-HISTORY_END_TIMEOUT_S = 5.0
-"""Longest wait for the broker to tell where the policy topic ended when it was assigned."""
 
 
 class IncompatibleWeightsError(ValueError):
@@ -148,14 +130,10 @@ class PolicyFollower:
             metrics=transport,
             dead_letters=dead_letters,
             stream_of=lambda _topic: "policy",
-            on_assign=self._assigned,
+            history=True,
             poll_timeout_s=poll_timeout_s,
             max_payload_bytes=max_payload_bytes,
         )
-        self._client = client
-        self._transport = transport
-        self._history_ends: dict[TopicPartition, int] = {}
-        """Where each partition ended when it was assigned: the records below were read before."""
         self._topic = topic
         self._node_id = node_id
         self._backend = backend
@@ -222,35 +200,7 @@ class PolicyFollower:
         self._wanted = version
         self._track_behind()
 
-    def _assigned(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
-        """Note where the partitions end now; read them from their beginning."""
-        try:
-            bounds = self._client.offset_bounds(tps, HISTORY_END_TIMEOUT_S)
-        except TransportError as exc:
-            log.warning("end of %s not known (%s): every refused update is dead-lettered", tps, exc)
-            bounds = {}
-        self._history_ends.update({tp: bounds[tp][1] for tp in tps if tp in bounds})
-        return {}
-
     def _handle(self, record: Record) -> Disposition:
-        """Apply an update; a refused one read before this start is counted and logged, not
-        dead-lettered again (see the module docstring)."""
-        try:
-            return self._apply(record)
-        except InvalidMessageError as exc:
-            if record.offset >= self._history_ends.get(record.tp, 0):
-                raise  # live: the loop counts it and dead-letters it
-            log.warning(
-                "refused %s/%d/%d again: %s (read before this start: not dead-lettered again)",
-                record.topic,
-                record.partition,
-                record.offset,
-                exc,
-            )
-            self._transport.rejected.inc(exc.reason)
-            return Disposition.DONE
-
-    def _apply(self, record: Record) -> Disposition:
         update = decode(policy_pb2.PolicyUpdate, record.value, self._max_bytes)
         reason = validate_policy_update(update)
         if reason is not None:

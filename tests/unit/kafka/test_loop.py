@@ -229,3 +229,27 @@ def test_invalid_message_error_carries_reason() -> None:
     exc = InvalidMessageError("oversized", "9 > 8")
     assert exc.reason == "oversized"
     assert "9 > 8" in str(exc)
+
+
+def test_a_history_reader_dead_letters_only_what_arrived_after_its_start() -> None:
+    """A topic read whole at every start: what was refused before the start (by the loop itself too,
+    as an unreadable chunk) was dead-lettered then; only later refusals are dead-lettered now."""
+    bus = MemoryBus()
+    bus.append("in", None, b"old", [])
+    bus.append("in", b"k", *split(b"x" * 30, [], 10)[1])  # a chunk whose start is gone
+
+    def refuse(record: Record) -> Disposition:
+        raise InvalidMessageError("undecodable", (record.value or b"").decode())
+
+    loop, registry = _loop(bus, refuse, history=True)
+    loop.open()
+    while loop.step():
+        pass
+    assert "dlq" not in bus.topics
+    rejected = registry.get_sample_value
+    assert rejected("sapo_test_messages_rejected_total", {"reason": "undecodable"}) == 1
+    assert rejected("sapo_test_messages_rejected_total", {"reason": "incomplete_message"}) == 1
+    bus.append("in", None, b"new", [])
+    while loop.step():
+        pass
+    assert [r.value for r in bus.topics["dlq"]] == [b"new"]
