@@ -393,6 +393,18 @@ def test_schema_rejects_bad_platform_values(override: str, complaint: str) -> No
     assert complaint in template_error(override)
 
 
+@pytest.mark.parametrize(
+    "key", ["generator.enabled", "sampler.enabled", "trainer.enabled", "generator.autoscaling"]
+)
+def test_values_of_an_older_chart_are_refused_not_read_as_a_service_switched_off(key: str) -> None:
+    """`helm upgrade --reuse-values` renders with the defaults of the chart a release was installed
+    with: a switch a newer chart added is then missing, and must stop the upgrade, naming it, rather
+    than read as false and remove the service."""
+    parent, _, name = key.rpartition(".")
+    error = template_error(f"{key}=null")
+    assert f"at '/{parent}': missing property '{name}'" in error
+
+
 def test_a_label_in_both_common_and_pod_labels_is_refused() -> None:
     """Pods carry both: the key came out twice in their labels (invalid YAML)."""
     assert "podLabels.team repeats commonLabels.team" in template_error(
