@@ -224,7 +224,11 @@ class KafkaPublisher:
         remaining = int(self._producer.flush(timeout_s))
         failed, self._failed = self._failed, 0
         if remaining:
-            log.warning("%d messages still undelivered after %.1fs flush", remaining, timeout_s)
+            log.warning(
+                "%d Kafka records (chunks count one each) still queued after %.1fs flush",
+                remaining,
+                timeout_s,
+            )
         return self._unacked + failed
 
     def close(self, timeout_s: float = 10.0) -> int:
