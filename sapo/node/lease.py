@@ -304,7 +304,8 @@ class Lease:
         """Whether a write of `epoch` may come from a holder of a lease of this topic: no acquisition
         lies beyond the topic's end. An epoch beyond the end read so far is read for until nothing
         arrives for `idle_s`: a holder writes its acquisition before anything else, but this reader
-        may not have fetched it yet."""
+        may not have fetched it yet. False too when a stop cut that read short: that says nothing of
+        the write."""
         idle_since = time.monotonic()
         while epoch > self.end and not self._stop.is_set():
             self._health.beat()

@@ -258,6 +258,11 @@ class TrainerService:
                 "fenced_batch", f"batch {batch.batch_id} of sampler epoch {batch.epoch} < {self._batch_epoch}"
             )
         if self.lease is not None and not self.lease.vouches(batch.epoch):
+            if self.stop.is_set():  # the read for its acquisition was cut short: the next trainer judges it
+                log.info(
+                    "batch %s left unfinished: stopped before its sampler epoch was read", batch.batch_id
+                )
+                return Disposition.HELD  # never finished: not committed, read again after the restart
             raise InvalidMessageError(  # it would make every later batch look fenced
                 "epoch_beyond_leases",
                 f"batch {batch.batch_id} of sampler epoch {batch.epoch}: the leases topic ends at offset "

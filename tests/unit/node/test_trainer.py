@@ -19,6 +19,7 @@ from sapo.kafka import DeadLetters, TransportMetrics
 from sapo.kafka.memory import MemoryBus, MemoryConsumerClient, MemoryPublisher
 from sapo.lifecycle import StopFlag
 from sapo.node.build import build_trainer
+from sapo.node.lease import Lease, LeaseMetrics
 from sapo.node.metrics import TrainerMetrics
 from sapo.node.trainer import TrainerService, offsets_beyond_end
 from sapo.ops import Health
@@ -32,7 +33,14 @@ pytestmark = pytest.mark.unit
 TOPICS = TopicNames.for_node("node-a")
 
 
-def _service(bus: MemoryBus, root: Path | str, **overrides: Any) -> tuple[TrainerService, CollectorRegistry]:
+def _service(
+    bus: MemoryBus,
+    root: Path | str,
+    *,
+    lease: Lease | None = None,
+    stop: StopFlag | None = None,
+    **overrides: Any,
+) -> tuple[TrainerService, CollectorRegistry]:
     settings = TrainerSettings(
         node_id="node-a", model="tiny:0", precision="fp32", checkpoint_root=root, lr=1e-2, **overrides
     )
@@ -47,8 +55,9 @@ def _service(bus: MemoryBus, root: Path | str, **overrides: Any) -> tuple[Traine
         health=Health(),
         metrics=TrainerMetrics(registry),
         transport=transport,
-        stop=StopFlag(),
+        stop=stop or StopFlag(),
         dead_letters=DeadLetters(MemoryPublisher(bus), TOPICS.dlq, "trainer", transport),
+        lease=lease,
         poll_timeout_s=0.0,  # the memory client never blocks
     )
     return service, registry
@@ -367,3 +376,59 @@ def test_only_the_stores_own_refusal_gets_the_credentials_hint(
     assert "AWS_ACCESS_KEY_ID" in str(refused)
     local = PermissionError(errno.EACCES, os.strerror(errno.EACCES), "/var/cache/sapo/weights")
     assert _failing_start(_service(MemoryBus(), s3_url)[0], local, monkeypatch) is local
+
+
+def _lease(bus: MemoryBus, role: str, stop: StopFlag) -> Lease:
+    registry = CollectorRegistry()
+    return Lease(
+        MemoryConsumerClient(bus, f"node-a.{role}-lease"),
+        MemoryPublisher(bus),
+        topic=TOPICS.leases,
+        node_id="node-a",
+        role=role,
+        ttl_s=30.0,
+        idle_s=0.0,
+        metrics=LeaseMetrics(registry, role),
+        transport=TransportMetrics(registry, role),
+        health=Health(),
+        stop=stop,
+    )
+
+
+def test_a_stop_while_reading_for_a_batchs_acquisition_leaves_the_batch_to_the_next_trainer(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    questions: list[question_pb2.Question],
+    tmp_path: Path,
+) -> None:
+    """A batch of a sampler epoch whose acquisition the trainer has not read yet is read for; a stop
+    cuts that read short, which says nothing about the batch. It used to be refused there as
+    `epoch_beyond_leases`: dead-lettered and committed, a real sampler's batch never trained."""
+    bus, stop = MemoryBus(), StopFlag()
+    trainer_lease = _lease(bus, "trainer", stop)
+    assert trainer_lease.acquire()
+    service, registry = _service(bus, tmp_path, lease=trainer_lease, stop=stop)
+    service.start()
+    sampler_lease = _lease(bus, "sampler", StopFlag())
+    assert sampler_lease.acquire() and sampler_lease.epoch > trainer_lease.end  # not read by the trainer yet
+    batch = _batch(model, tokenizer, questions[0], 0)
+    batch.epoch = sampler_lease.epoch
+    _publish(bus, batch)
+    stop.set()  # SIGTERM: the loop finishes the record in hand
+    service.loop.open()
+    while service.loop.step(0.0) or not service.loop.assigned:
+        pass
+    service.close()
+
+    assert bus.values(TOPICS.dlq) == []
+    assert (
+        registry.get_sample_value("sapo_trainer_messages_rejected_total", {"reason": "epoch_beyond_leases"})
+        is None
+    )
+    assert bus.committed.get(("node-a.trainer", (TOPICS.batches, 0)), 0) == 0
+
+    restarted, _ = _service(bus, tmp_path, lease=_lease(bus, "trainer", StopFlag()))
+    assert restarted.lease is not None and restarted.lease.acquire()
+    restarted.start()
+    restarted.run(idle_timeout_s=0.0)
+    assert [u.batch_id for u in _updates(bus)][-1] == "node-a/0"
