@@ -38,7 +38,8 @@ Each refused record is counted, dead-lettered and skipped (`InvalidMessageError`
 - `lease_renewed_ahead`: a `renewed_at` more than `MAX_CLOCK_AHEAD_S` ahead of this process's clock,
   which would keep the lease live for that long beyond its ttl. Clocks of one cluster agree within
   far less; a holder whose clock is that far ahead loses its lease to a standby (it is fenced) rather
-  than keep one nobody could take over.
+  than keep one nobody could take over. Its epoch still counts (never as live): such a process sees a
+  live holder as expired and acquires, and the holder it outbid must stop, or both would write.
 - A trainer refuses a batch whose sampler epoch lies beyond the end of the leases topic as read
   (`epoch_beyond_leases`; `vouches`): no acquisition has given it, and letting it through would make
   every later batch look fenced. The sampler's acquisition precedes its first batch, so the trainer
@@ -98,6 +99,7 @@ ASSIGN_TIMEOUT_S: Final = 120.0
 MAX_CLOCK_AHEAD_S: Final = 300.0
 """A lease record renewed further than this ahead of the reader's clock is refused (Kerberos allows
 clocks as far apart by default)."""
+RENEWED_AHEAD: Final = "lease_renewed_ahead"
 _MAX_DRAIN: Final = 10_000
 
 
@@ -123,14 +125,16 @@ class Holder:
         return not self.released and now_s - self.renewed_s < self.ttl_s
 
 
-def fold(current: Holder | None, lease: lease_pb2.Lease, offset: int) -> Holder | None:
+def fold(
+    current: Holder | None, lease: lease_pb2.Lease, offset: int, *, clock_trusted: bool = True
+) -> Holder | None:
     """The role's lease after one more record: the highest epoch wins; an acquisition's epoch is its
     own offset + 1 (0 stays "none"); a record of a lower epoch (a fenced holder still renewing)
-    changes nothing."""
+    changes nothing. A record whose clock is not trusted counts for its epoch but is never live."""
     epoch = lease.epoch or offset + 1
     if current is not None and epoch < current.epoch:
         return current
-    renewed = lease.renewed_at.seconds + lease.renewed_at.nanos / 1e9
+    renewed = lease.renewed_at.seconds + lease.renewed_at.nanos / 1e9 if clock_trusted else -math.inf
     return Holder(lease.owner, epoch, renewed, lease.ttl_s, lease.released)
 
 
@@ -150,7 +154,7 @@ def lease_problem(lease: lease_pb2.Lease, offset: int, now_s: float) -> InvalidM
     ahead_s = lease.renewed_at.seconds + lease.renewed_at.nanos / 1e9 - now_s
     if ahead_s > MAX_CLOCK_AHEAD_S:
         return InvalidMessageError(
-            "lease_renewed_ahead",
+            RENEWED_AHEAD,
             f"renewed_at of {lease.owner!r} is {ahead_s:.0f} s ahead of this clock (at most "
             f"{MAX_CLOCK_AHEAD_S:.0f} s)",
         )
@@ -387,6 +391,10 @@ class Lease:
                         f"{self.epoch} (created again?): this {self._role} stops without writing"
                     )
                 )
+            if problem.reason == RENEWED_AHEAD and lease.role == self._role:
+                # Its epoch still fences: a process whose clock runs ahead sees a live holder as
+                # expired and takes the lease, and the holder must stop, or both write.
+                self.holder = fold(self.holder, lease, record.offset, clock_trusted=False)
             raise problem
         if lease.role == self._role:
             self.holder = fold(self.holder, lease, record.offset)

@@ -13,7 +13,7 @@ from sapo.kafka import Publisher, Record, TransportMetrics
 from sapo.kafka.errors import DeliveryError
 from sapo.kafka.memory import MemoryBus, MemoryConsumerClient, MemoryPublisher
 from sapo.lifecycle import StopFlag
-from sapo.node.lease import FencedError, Lease, LeaseLostError, LeaseMetrics
+from sapo.node.lease import MAX_CLOCK_AHEAD_S, FencedError, Lease, LeaseLostError, LeaseMetrics
 from sapo.ops import Health
 
 pytestmark = pytest.mark.unit
@@ -221,3 +221,20 @@ def test_a_holder_whose_leases_topic_was_created_again_stops_writing() -> None:
     with pytest.raises(LeaseLostError, match="no longer holds the acquisition of epoch 3"):
         holder.check(before_write=True)
     assert holder.epoch == 0 and metric(holder, "sapo_sampler_fenced_total") == 1
+
+
+def test_an_acquisition_from_a_clock_far_ahead_still_fences_the_holder_it_outbid() -> None:
+    """A process whose clock runs ahead by more than a ttl sees a live holder as expired and takes the
+    lease. Its records are refused as `lease_renewed_ahead`, and its epoch used to go with them: the
+    holder never saw the higher epoch and wrote on beside it, two samplers of one node. Its renewals
+    still never keep the lease live for a reader with the right time."""
+    bus, clock, ahead = MemoryBus(), Clock(), Clock()
+    ahead.now += MAX_CLOCK_AHEAD_S + TTL
+    holder = lease(bus, clock, "a")
+    assert holder.acquire()
+    intruder = lease(bus, ahead, "b")
+    assert intruder.acquire() and intruder.epoch > holder.epoch
+    with pytest.raises(FencedError):
+        holder.check(before_write=True)
+    standby = lease(bus, clock, "c")
+    assert standby.acquire() and standby.epoch > intruder.epoch  # at once: it is not live on this clock
