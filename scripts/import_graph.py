@@ -30,6 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "sapo.lifecycle",
         "sapo.identity",
         "sapo.settings",
+        "sapo.kafkaargs",
         "sapo.malloc",
         "sapo.cpuslice",
         "sapo.cpugate",

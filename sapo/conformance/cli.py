@@ -29,8 +29,8 @@ from sapo.conformance.common import GeneratorTarget, Target
 from sapo.conformance.results import Results
 from sapo.identity import IdentityError, TrustStore
 from sapo.identity.trustlist import build_store, load_trust_list
-from sapo.inspect.cli import add_connection_arguments, load_connection_settings
 from sapo.inspect.render import console_for
+from sapo.kafkaargs import add_connection_arguments, load_connection_settings
 from sapo.models.refs import ref_form_error
 from sapo.settings import ConfigError, KafkaConnection
 from sapo.storage import store_problem

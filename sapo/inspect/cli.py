@@ -23,26 +23,23 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
-from pydantic_settings import BaseSettings
-
-from sapo.cliargs import bootstrap_servers, positive_int, positive_seconds, wall_seconds
+from sapo.cliargs import positive_int, positive_seconds, wall_seconds
 from sapo.inspect.decode import to_entry
 from sapo.inspect.query import Filter, IntRange
 from sapo.inspect.reader import Bounds, InspectError, Start, Stats, TopicReader, read
 from sapo.inspect.render import JsonLines, SummaryView, TableRows, console_for
 from sapo.inspect.settings import InspectSettings
 from sapo.kafka import TransportError
+from sapo.kafkaargs import add_connection_arguments, load_connection_settings
 from sapo.lifecycle import StopFlag, install_signal_handlers
-from sapo.settings import ConfigError, SecurityProtocol, check_command_brokers, load_settings
+from sapo.settings import ConfigError
 from sapo.topics import NODE_ID_RE, validate_node_id, validate_topic_name
 
 log = logging.getLogger("sapo.cli")
-S = TypeVar("S", bound=BaseSettings)
 
 NODE_ROLES: Final = ("rollouts", "batches", "policy", "dlq", "work", "leases")
 _DURATION_RE: Final = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
@@ -126,84 +123,6 @@ def _range(text: str) -> IntRange:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _property(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"{text!r}: use KEY=VALUE (a librdkafka property)")
-    return key, value
-
-
-def add_connection_arguments(parser: argparse.ArgumentParser, env: str) -> argparse._ArgumentGroup:
-    """The Kafka connection flags (`sapo inspect`, `sapo conformance`): they override the typed
-    `KafkaConnection` read from the `env` variables; `kafka_overrides` turns them into its fields."""
-    conn = parser.add_argument_group(f"connection (overrides {env})")
-    conn.add_argument("--bootstrap", type=bootstrap_servers, help="bootstrap.servers (HOST:PORT[,...])")
-    conn.add_argument("--security-protocol", choices=[p.value for p in SecurityProtocol])
-    conn.add_argument("--sasl-mechanism", help="PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER")
-    conn.add_argument("--sasl-username")
-    conn.add_argument("--sasl-password-file", type=Path, help="file holding the SASL password")
-    conn.add_argument("--ssl-ca-location", help="CA bundle that signed the brokers")
-    conn.add_argument("--ssl-certificate-location", help="client certificate (mutual TLS)")
-    conn.add_argument("--ssl-key-location", help="client private key (mutual TLS)")
-    conn.add_argument("--ssl-key-password-file", type=Path, help="file holding the client key's password")
-    conn.add_argument(
-        "-X", dest="properties", action="append", type=_property, default=[], metavar="KEY=VALUE",
-        help="any other librdkafka property (repeatable)",
-    )  # fmt: skip
-    return conn
-
-
-_CONNECTION_FLAGS: Final = {
-    "bootstrap_servers": ("bootstrap", "--bootstrap"),
-    "security_protocol": ("security_protocol", "--security-protocol"),
-    "sasl_mechanism": ("sasl_mechanism", "--sasl-mechanism"),
-    "sasl_username": ("sasl_username", "--sasl-username"),
-    "sasl_password": ("sasl_password_file", "--sasl-password-file"),
-    "ssl_ca_location": ("ssl_ca_location", "--ssl-ca-location"),
-    "ssl_certificate_location": ("ssl_certificate_location", "--ssl-certificate-location"),
-    "ssl_key_location": ("ssl_key_location", "--ssl-key-location"),
-    "ssl_key_password": ("ssl_key_password_file", "--ssl-key-password-file"),
-    "extra": ("properties", "-X"),
-}
-"""The `KafkaConnection` fields the connection flags set: field -> (argparse dest, flag)."""
-
-
-def _flags_given(args: argparse.Namespace) -> dict[str, tuple[Any, str]]:
-    """field -> (value, flag) of each connection flag given (-X: once or more)."""
-    flags = {field: (getattr(args, dest), flag) for field, (dest, flag) in _CONNECTION_FLAGS.items()}
-    return {field: pair for field, pair in flags.items() if pair[0] is not None and pair[0] != []}
-
-
-def kafka_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """The `KafkaConnection` fields the connection flags set (secrets read from their files)."""
-    overrides: dict[str, Any] = {}
-    for field, (value, flag) in _flags_given(args).items():
-        if field in ("sasl_password", "ssl_key_password"):
-            overrides[field] = _read_secret(value, flag)
-        else:
-            overrides[field] = dict(value) if field == "extra" else value
-    return overrides
-
-
-def kafka_flags(args: argparse.Namespace) -> dict[str, str]:
-    """The flag that gave each `KafkaConnection` field the flags set (`kafka.bootstrap_servers` ->
-    `--bootstrap`), for `load_settings` and `check_command_brokers` to name it."""
-    return {f"kafka.{field}": flag for field, (_, flag) in _flags_given(args).items()}
-
-
-def load_connection_settings(
-    cls: type[S], args: argparse.Namespace, given: Mapping[str, str], /, **overrides: Any
-) -> S:
-    """`load_settings` of a command's settings with the connection flags over the environment, then the
-    brokers it will use checked as `--bootstrap` checks its value (`check_command_brokers`), whether the
-    flag or the environment gave them: before any Kafka client starts. `given` names the other fields
-    a flag gave."""
-    flags = kafka_flags(args) | dict(given)
-    settings = load_settings(cls, flags, kafka=kafka_overrides(args), **overrides)
-    check_command_brokers(settings, flags)
-    return settings
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -235,15 +154,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--json", action="store_true", help="JSON lines (with --summary: one JSON object)")
     out.add_argument("--summary", action="store_true", help="counts, rates and sizes per topic/node/task")
     out.add_argument("--payload", action="store_true", help="with --json: the whole decoded message")
-
-
-def _read_secret(path: Path | None, flag: str) -> str | None:
-    if path is None:
-        return None
-    try:
-        return path.read_text().strip()
-    except OSError as exc:
-        raise ConfigError(f"{flag} {path}: {exc.strerror}") from None
 
 
 def settings_from(args: argparse.Namespace) -> InspectSettings:
