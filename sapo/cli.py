@@ -23,10 +23,11 @@ from pathlib import Path
 from types import FrameType
 
 from confluent_kafka import KafkaError, KafkaException
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sapo.broker import DEFAULT_HOST, STORAGE_URL, BrokerError, EmbeddedBroker
 from sapo.cliargs import (
-    bootstrap_servers,
     check_brokers,
     message_bytes,
     positive_int,
@@ -40,7 +41,8 @@ from sapo.identity import cli as keys_cli
 from sapo.inspect import cli as inspect_cli
 from sapo.inspect.reader import InspectError
 from sapo.kafka import KafkaPublisher
-from sapo.settings import ConfigError
+from sapo.kafkaargs import add_connection_arguments, brokers_source, load_connection_settings
+from sapo.settings import ConfigError, KafkaConnection
 from sapo.swarm import report
 from sapo.topics import (
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -141,12 +143,35 @@ def _run_broker(args: argparse.Namespace) -> int:
 # --- sapo topics ---------------------------------------------------------------------------------
 
 
+class TopicsSettings(BaseSettings):
+    """The cluster `sapo topics` creates the topics on (`SAPO_TOPICS_KAFKA__*`)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SAPO_TOPICS_", frozen=True, extra="forbid", env_nested_delimiter="__"
+    )
+
+    kafka: KafkaConnection = Field(default_factory=KafkaConnection, description="The cluster.")
+
+
+TOPICS_DESCRIPTION = """create the swarm and node topics (idempotent)
+
+    sapo topics --bootstrap HOST:PORT --node node-0 --node node-1
+
+The connection comes from SAPO_TOPICS_KAFKA__* (as for the services: BOOTSTRAP_SERVERS,
+SECURITY_PROTOCOL, SASL_*, SSL_*), overridden by the flags below; the SASL password and the TLS key
+password only from the environment or a file:
+
+    SAPO_TOPICS_KAFKA__SASL_PASSWORD=... sapo topics --bootstrap HOST:9096 --security-protocol SASL_SSL \\
+        --sasl-mechanism SCRAM-SHA-512 --sasl-username admin --node node-0
+"""
+
+
 def _add_topics_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--bootstrap",
-        type=bootstrap_servers,
-        required=True,
-        help="bootstrap.servers of the cluster (HOST:PORT)",
+    parser.description = TOPICS_DESCRIPTION
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    conn = add_connection_arguments(parser, "SAPO_TOPICS_KAFKA__*")
+    conn.add_argument(
+        "--timeout", type=positive_seconds, default=30.0, help="seconds to wait for the cluster"
     )
     parser.add_argument(
         "--node", dest="nodes", action="append", type=_node_id, required=True, help="node id (repeatable)"
@@ -170,13 +195,11 @@ def _add_topics_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prefix", type=topic_prefix, default=DEFAULT_PREFIX, help="topic name prefix (default: %(default)s)"
     )
-    parser.add_argument(
-        "--timeout", type=positive_seconds, default=30.0, help="seconds to wait for the cluster"
-    )
 
 
 def _run_topics(args: argparse.Namespace) -> int:
     """Create the swarm topic and each node's topics if missing; print one line per topic."""
+    settings = load_connection_settings(TopicsSettings, args, {})
     try:
         specs: list[TopicSpec] = []
         for node in args.nodes:
@@ -184,13 +207,25 @@ def _run_topics(args: argparse.Namespace) -> int:
             specs += names.specs(
                 args.partitions, args.replication_factor, args.work_partitions, args.max_message_bytes
             )
-        created = set(ensure_topics({"bootstrap.servers": args.bootstrap}, specs, timeout_s=args.timeout))
-    except (ValueError, TopicError) as exc:
+        created = set(ensure_topics(settings.kafka.to_librdkafka(), specs, timeout_s=args.timeout))
+    except ValueError as exc:
         log.error("%s", exc)
+        return 1
+    except TopicError as exc:
+        # Raised from the client's error when the cluster never answered: say what to change.
+        unreached = isinstance(exc.__cause__, KafkaException)
+        log.error("%s%s", exc, f"; {_unreached_hint(args)}" if unreached else "")
         return 1
     for name in dict.fromkeys(spec.name for spec in specs):
         print(f"{'created' if name in created else 'exists'} {name}")
     return 0
+
+
+def _unreached_hint(args: argparse.Namespace) -> str:
+    return (
+        f"check that {brokers_source(TopicsSettings, args)} reaches the cluster and that the security "
+        "settings (--security-protocol, --sasl-*, --ssl-* or SAPO_TOPICS_KAFKA__*) match its listener"
+    )
 
 
 def _add_swarm_arguments(parser: argparse.ArgumentParser) -> None:
@@ -332,10 +367,10 @@ def _run_experiment(args: argparse.Namespace) -> int:
 
 
 def _publish_record(
-    bootstrap: str, topic: str, key: bytes, value: bytes, timeout_s: float
+    config: dict[str, str], topic: str, key: bytes, value: bytes, timeout_s: float
 ) -> tuple[int, int]:
     """One record, acknowledged (`sapo keys announce` and `revoke`); DeliveryError when it is not."""
-    publisher = KafkaPublisher({"bootstrap.servers": bootstrap}, setting="--bootstrap")
+    publisher = KafkaPublisher(config, setting="--bootstrap or SAPO_KEYS_KAFKA__BOOTSTRAP_SERVERS")
     return publisher.send_sync(topic, key, value, timeout_s=timeout_s)
 
 

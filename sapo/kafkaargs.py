@@ -1,14 +1,15 @@
-"""The Kafka connection flags of the `sapo` commands that reach a cluster (`inspect`, `conformance`):
-`--bootstrap`, `--security-protocol`, `--sasl-*`, `--ssl-*` and `-X KEY=VALUE`, over the typed
-`KafkaConnection` (field `kafka`) that the command's settings read from its `SAPO_<COMMAND>_KAFKA__*`
-variables. The secrets (SASL password, TLS key password) come only from the environment or from files
-named by flags, so they never appear in a process list; they are never printed. Everything is checked
-before any Kafka client starts, and a bad value is named by the flag that gave it, else by its
-variable."""
+"""The Kafka connection flags of the `sapo` commands that reach a cluster (`inspect`, `conformance`,
+`topics`, `keys announce|revoke`): `--bootstrap`, `--security-protocol`, `--sasl-*`, `--ssl-*` and
+`-X KEY=VALUE`, over the typed `KafkaConnection` (field `kafka`) that the command's settings read from
+its `SAPO_<COMMAND>_KAFKA__*` variables. The secrets (SASL password, TLS key password) come only from
+the environment or from files named by flags, so they never appear in a process list; they are never
+printed. Everything is checked before any Kafka client starts, and a bad value is named by the flag
+that gave it, else by its variable."""
 
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -20,6 +21,8 @@ from sapo.settings import (
     ConfigError,
     SecurityProtocol,
     check_command_brokers,
+    env_prefix,
+    env_source,
     load_settings,
 )
 
@@ -112,3 +115,14 @@ def load_connection_settings(
     settings = load_settings(cls, flags, kafka=kafka_overrides(args), **overrides)
     check_command_brokers(settings, flags)
     return settings
+
+
+def brokers_source(cls: type[BaseSettings], args: argparse.Namespace) -> str:
+    """What gave the brokers of `cls`'s `kafka` connection, for a failure to reach them to name what to
+    change: `--bootstrap`, the variable by its exact name, or the default's variable."""
+    loc = ("kafka", "bootstrap_servers")
+    return (
+        kafka_flags(args).get(".".join(loc))
+        or env_source(cls, loc, os.environ)
+        or f"--bootstrap or {env_prefix(cls)}KAFKA__BOOTSTRAP_SERVERS (unset: the default)"
+    )

@@ -9,6 +9,13 @@
     sapo keys announce --bootstrap HOST:PORT --node node-9 --public-key node-9.key.pub --admin-key admin.key
     sapo keys revoke --bootstrap HOST:PORT --node node-0 --key-id KEY_ID --signer old.key
 
+`announce` and `revoke` reach the cluster as configured by `SAPO_KEYS_KAFKA__*` (as for the services:
+`BOOTSTRAP_SERVERS`, `SECURITY_PROTOCOL`, `SASL_*`, `SSL_*`), overridden by the connection flags; the
+SASL password and the TLS key password only from the environment or a file:
+
+    SAPO_KEYS_KAFKA__SASL_PASSWORD=... sapo keys announce --bootstrap HOST:9096 \\
+        --security-protocol SASL_SSL --sasl-mechanism SCRAM-SHA-512 --sasl-username node-0 ...
+
 Results go to stdout as `name=value` lines, diagnostics to stderr; exit status 1 on any refusal.
 """
 
@@ -21,7 +28,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from sapo.cliargs import bootstrap_servers, positive_seconds, topic_prefix
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from sapo.cliargs import positive_seconds, topic_prefix
 from sapo.identity.announce import add_statement, announcement, record_key, revoke_statement
 from sapo.identity.keys import (
     KEY_ID_RE,
@@ -36,6 +46,8 @@ from sapo.identity.keys import (
     write_public,
 )
 from sapo.identity.trustlist import TrustList, load_trust_list, save_trust_list
+from sapo.kafkaargs import add_connection_arguments, brokers_source, load_connection_settings
+from sapo.settings import KafkaConnection
 from sapo.topics import DEFAULT_PREFIX, TopicNames, validate_node_id
 from sapo.v1 import identity_pb2
 
@@ -77,6 +89,8 @@ def _overlap(value: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     sub = parser.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
     gen = sub.add_parser("generate", help="write a new key pair (PATH mode 0600, PATH.pub)")
     gen.add_argument("path", type=_new_key_path, help="private key file to create (never overwritten)")
@@ -122,20 +136,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     rev.set_defaults(keys_run=_revoke)
 
 
-def _add_kafka_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--bootstrap", type=bootstrap_servers, required=True, help="bootstrap.servers of the swarm cluster"
+class KeysSettings(BaseSettings):
+    """The swarm cluster `sapo keys announce|revoke` publishes to (`SAPO_KEYS_KAFKA__*`)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SAPO_KEYS_", frozen=True, extra="forbid", env_nested_delimiter="__"
     )
-    parser.add_argument(
+
+    kafka: KafkaConnection = Field(default_factory=KafkaConnection, description="The swarm cluster.")
+
+
+def _add_kafka_arguments(parser: argparse.ArgumentParser) -> None:
+    conn = add_connection_arguments(parser, "SAPO_KEYS_KAFKA__*")
+    conn.add_argument(
         "--prefix", type=topic_prefix, default=DEFAULT_PREFIX, help="topic prefix (default: %(default)s)"
     )
     parser.add_argument("--timeout", type=positive_seconds, default=30.0, help="seconds to wait for the ack")
 
 
-Publish = Callable[[str, str, bytes, bytes, float], tuple[int, int]]
-"""(bootstrap, topic, key, value, timeout_s) -> (partition, offset) once the broker acknowledged;
-raises RuntimeError otherwise. `sapo.cli` passes one over the project's Kafka producer (the identity
-library sits below the Kafka layer)."""
+Publish = Callable[[dict[str, str], str, bytes, bytes, float], tuple[int, int]]
+"""(librdkafka config, topic, key, value, timeout_s) -> (partition, offset) once the broker
+acknowledged; raises RuntimeError otherwise. `sapo.cli` passes one over the project's Kafka producer
+(the identity library sits below the Kafka layer)."""
 
 
 def run(args: argparse.Namespace, publish: Publish) -> int:
@@ -206,6 +228,7 @@ def _trust(args: argparse.Namespace, _publish: Publish) -> int:
 
 
 def _announce(args: argparse.Namespace, publish: Publish) -> int:
+    settings = load_connection_settings(KeysSettings, args, {})  # before any key file is read
     signers = [read_private(args.key)] if args.key is not None else []
     public = signers[0].public if signers else parse_public(_public_of(args.public_key))
     if args.public_key is not None and (args.admin_key is None or args.previous is not None):
@@ -222,26 +245,35 @@ def _announce(args: argparse.Namespace, publish: Publish) -> int:
     statement = add_statement(
         args.node, public, time.time(), previous_key_id=previous_id, overlap_s=max(0.0, args.overlap)
     )
-    return _publish(args, publish, statement, signers)
+    return _publish(args, publish, settings, statement, signers)
 
 
 def _revoke(args: argparse.Namespace, publish: Publish) -> int:
+    settings = load_connection_settings(KeysSettings, args, {})
     signer = read_private(args.signer)
-    return _publish(args, publish, revoke_statement(args.node, args.key_id, time.time(), signer), [signer])
+    statement = revoke_statement(args.node, args.key_id, time.time(), signer)
+    return _publish(args, publish, settings, statement, [signer])
 
 
 def _publish(
-    args: argparse.Namespace, publish: Publish, statement: identity_pb2.KeyStatement, signers: list[NodeKey]
+    args: argparse.Namespace,
+    publish: Publish,
+    settings: KeysSettings,
+    statement: identity_pb2.KeyStatement,
+    signers: list[NodeKey],
 ) -> int:
     topic = TopicNames.for_node(statement.node_id, args.prefix).swarm_keys
     value = announcement(statement, signers)
+    config = settings.kafka.to_librdkafka()
     try:
-        partition, offset = publish(args.bootstrap, topic, record_key(statement), value, args.timeout)
+        partition, offset = publish(config, topic, record_key(statement), value, args.timeout)
     except RuntimeError as exc:
         log.error(
-            "%s: check that --bootstrap %s reaches the cluster and that %s exists (`sapo topics`)",
+            "%s: check that %s (%s) reaches the cluster, that the security settings (--security-protocol, "
+            "--sasl-*, --ssl-* or SAPO_KEYS_KAFKA__*) match its listener, and that %s exists (`sapo topics`)",
             exc,
-            args.bootstrap,
+            brokers_source(KeysSettings, args),
+            settings.kafka.bootstrap_servers,
             topic,
         )
         return 1

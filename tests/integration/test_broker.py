@@ -7,6 +7,7 @@ import selectors
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -126,6 +127,63 @@ def test_sapo_topics_creates_once_then_reports_existing(
     assert main(argv) == 0
     second = capsys.readouterr().out.splitlines()
     assert second == [line.replace("created ", "exists ", 1) for line in first]
+
+
+def test_sapo_topics_takes_the_cluster_from_its_environment(
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """PLAINTEXT, the brokers from SAPO_TOPICS_KAFKA__BOOTSTRAP_SERVERS: no --bootstrap needed."""
+    monkeypatch.setenv("SAPO_TOPICS_KAFKA__BOOTSTRAP_SERVERS", kafka_bootstrap)
+    monkeypatch.setenv("SAPO_TOPICS_KAFKA__SECURITY_PROTOCOL", "PLAINTEXT")
+    assert main(["topics", "--prefix", topic_prefix, "--node", "a"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert f"created {topic_prefix}.node.a.rollouts" in lines and len(lines) == 8
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    assert f"{topic_prefix}.swarm.keys" in admin.list_topics(timeout=10.0).topics
+
+
+@pytest.mark.parametrize(
+    "secured",
+    [
+        ["--security-protocol", "SSL"],
+        ["--security-protocol", "SASL_SSL", "--sasl-mechanism", "SCRAM-SHA-512", "--sasl-username", "admin"],
+    ],
+    ids=["ssl", "sasl_ssl"],
+)
+def test_a_secured_connection_the_listener_does_not_speak_fails_within_the_timeout(
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    secured: list[str],
+) -> None:
+    """The embedded broker listens in PLAINTEXT only: a TLS client never gets an answer. The command
+    ends after --timeout with what to check, the password unprinted, rather than waiting."""
+    monkeypatch.setenv("SAPO_TOPICS_KAFKA__SASL_PASSWORD", "s3cret")
+    argv = [
+        "topics",
+        "--bootstrap",
+        kafka_bootstrap,
+        "--prefix",
+        topic_prefix,
+        "--node",
+        "a",
+        "--timeout",
+        "2",
+    ]
+    started = time.monotonic()
+    assert main([*argv, *secured]) == 1
+    assert time.monotonic() - started < 10.0
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors[-1].startswith(f"could not list topics at {kafka_bootstrap} within 2.0 s")
+    assert errors[-1].endswith(
+        "check that --bootstrap reaches the cluster and that the security settings (--security-protocol, "
+        "--sasl-*, --ssl-* or SAPO_TOPICS_KAFKA__*) match its listener"
+    )
+    assert "s3cret" not in caplog.text
 
 
 def _read_line(process: subprocess.Popen[str], timeout_s: float) -> str:

@@ -1,10 +1,13 @@
 """Per-node identity against the real broker and the real sampler process: a peer rotates its key on
 the keys topic (`sapo keys announce`) and the sampler keeps accepting its groups through the overlap;
 a new node is admitted by an admin announcement; a revoked key is refused; impersonators, forged
-keys, unsigned and header/body-mismatched groups are refused, dead-lettered and counted in /metrics."""
+keys, unsigned and header/body-mismatched groups are refused, dead-lettered and counted in /metrics.
+`sapo keys announce` takes its cluster from `SAPO_KEYS_KAFKA__*`, and ends after its --timeout on a
+secured connection the listener does not speak."""
 
 from __future__ import annotations
 
+import logging
 import signal
 import subprocess
 import sys
@@ -20,8 +23,9 @@ from sapo.identity import NodeKey, Signer
 from sapo.identity.keys import write_private
 from sapo.identity.trustlist import TrustList, save_trust_list
 from sapo.kafka import KafkaPublisher
-from sapo.v1 import rollout_pb2
+from sapo.v1 import identity_pb2, rollout_pb2
 from sapo.wire import rollout_headers
+from tests.integration.kafka_helpers import read_topic
 from tests.integration.test_sampler import NODE, ROOT, TopicReader, _get, _sampler_env, _topics
 from tests.unit.sampler.builders import questions, real_group
 
@@ -170,3 +174,62 @@ def test_rotation_without_downtime_and_impersonators_refused_and_counted(
         assert metric(text, "sapo_sampler_key_announcements_total", {"result": result}) == 1, result
     assert metric(text, "sapo_sampler_trusted_keys") == 3  # peer-1's new key, peer-2, peer-m
     assert metric(text, "sapo_sampler_batches_emitted_total") == len(accepted)
+
+
+def test_sapo_keys_announce_takes_the_cluster_from_its_environment(
+    kafka_bootstrap: str,
+    topic_prefix: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """PLAINTEXT, the brokers from SAPO_KEYS_KAFKA__BOOTSTRAP_SERVERS: the signed announcement is the
+    keys topic's record."""
+    assert main(["topics", "--bootstrap", kafka_bootstrap, "--prefix", topic_prefix, "--node", "node-0"]) == 0
+    key = NodeKey.generate()
+    write_private(tmp_path / "node-0.key", key)
+    monkeypatch.setenv("SAPO_KEYS_KAFKA__BOOTSTRAP_SERVERS", kafka_bootstrap)
+    capsys.readouterr()
+    argv = [
+        "keys",
+        "announce",
+        "--prefix",
+        topic_prefix,
+        "--node",
+        "node-0",
+        "--key",
+        str(tmp_path / "node-0.key"),
+    ]
+    assert main(argv) == 0
+    out = dict(line.split("=", 1) for line in capsys.readouterr().out.splitlines())
+    assert (out["topic"], out["key_id"]) == (f"{topic_prefix}.swarm.keys", key.key_id)
+    [record] = read_topic(kafka_bootstrap, out["topic"])
+    assert record.key == f"node-0/{key.key_id}".encode()
+    envelope = identity_pb2.KeyAnnouncement.FromString(record.value or b"")
+    assert [s.key_id for s in envelope.signatures] == [key.key_id]
+
+
+def test_sapo_keys_announce_over_a_secured_connection_the_listener_does_not_speak_fails_within_the_timeout(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The embedded broker listens in PLAINTEXT only: a SASL_SSL client never gets an answer. The
+    command ends after --timeout with what to check, the password (from its file) unprinted."""
+    write_private(tmp_path / "node-0.key", NodeKey.generate())
+    (tmp_path / "password").write_text("s3cret\n")
+    argv = [
+        *("keys", "announce", "--bootstrap", kafka_bootstrap, "--prefix", topic_prefix, "--timeout", "2"),
+        *("--node", "node-0", "--key", str(tmp_path / "node-0.key"), "--security-protocol", "SASL_SSL"),
+        *("--sasl-mechanism", "PLAIN", "--sasl-username", "node-0"),
+        *("--sasl-password-file", str(tmp_path / "password")),
+    ]
+    started = time.monotonic()
+    assert main(argv) == 1
+    assert time.monotonic() - started < 10.0
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors[-1] == (
+        f"no acknowledgement from {topic_prefix}.swarm.keys within 2.0s: check that --bootstrap "
+        f"({kafka_bootstrap}) reaches the cluster, that the security settings (--security-protocol, "
+        "--sasl-*, --ssl-* or SAPO_KEYS_KAFKA__*) match its listener, and that "
+        f"{topic_prefix}.swarm.keys exists (`sapo topics`)"
+    )
+    assert "s3cret" not in caplog.text

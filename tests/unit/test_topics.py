@@ -6,14 +6,17 @@ import dataclasses
 import json
 import logging
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
 import pytest
 
+from sapo import cli as sapo_cli
 from sapo.cli import main
 from sapo.cliargs import BROKER_SCHEMES, BrokerAddress, bootstrap_servers, broker_addresses
 from sapo.conformance import cli as conformance_cli
+from sapo.identity.keys import NodeKey, write_private
 from sapo.inspect import cli as inspect_cli
 from sapo.inspect.reader import InspectError
 from sapo.settings import SecurityProtocol
@@ -220,7 +223,29 @@ def test_the_schemes_a_broker_list_may_name_are_the_security_protocols() -> None
 ENV_COMMANDS = [
     (["inspect", "swarm"], "SAPO_INSPECT_KAFKA__BOOTSTRAP_SERVERS"),
     (["conformance", "sampler", "--node", "node-0"], "SAPO_CONFORMANCE_KAFKA__BOOTSTRAP_SERVERS"),
+    (["topics", "--node", "node-0"], "SAPO_TOPICS_KAFKA__BOOTSTRAP_SERVERS"),
+    (
+        ["keys", "revoke", "--node", "node-0", "--key-id", "0" * 32, "--signer", "signer.key"],
+        "SAPO_KEYS_KAFKA__BOOTSTRAP_SERVERS",
+    ),
 ]
+"""The commands that take the connection flags over `SAPO_<COMMAND>_KAFKA__*` (`sapo.kafkaargs`);
+`keys revoke` reads its signer from the working directory (`signer`)."""
+
+
+def fake_clients(monkeypatch: pytest.MonkeyPatch, client: Callable[..., object]) -> None:
+    """`client` stands for each command's Kafka client, called with its librdkafka config first."""
+    monkeypatch.setattr(inspect_cli, "TopicReader", client)
+    monkeypatch.setattr(conformance_cli, "run_kit", client)
+    monkeypatch.setattr(sapo_cli, "ensure_topics", client)
+    monkeypatch.setattr(sapo_cli, "KafkaPublisher", client)
+
+
+@pytest.fixture
+def signer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The signer.key of `keys revoke` in ENV_COMMANDS, in a fresh working directory."""
+    write_private(tmp_path / "signer.key", NodeKey.generate())
+    monkeypatch.chdir(tmp_path)
 
 
 @pytest.fixture
@@ -230,8 +255,7 @@ def no_kafka_client(monkeypatch: pytest.MonkeyPatch) -> None:
     def started(*args: object, **kwargs: object) -> NoReturn:
         raise AssertionError("the command started a Kafka client")
 
-    monkeypatch.setattr(inspect_cli, "TopicReader", started)
-    monkeypatch.setattr(conformance_cli, "run_kit", started)
+    fake_clients(monkeypatch, started)
 
 
 def error_lines(caplog: pytest.LogCaptureFixture) -> str:
@@ -291,6 +315,7 @@ def test_the_variable_is_named_as_it_was_spelled(
     assert error_lines(caplog).startswith(f"{connection}: could not resolve host 'no-such-host.invalid'")
 
 
+@pytest.mark.usefixtures("signer")
 @pytest.mark.parametrize(("command", "variable"), ENV_COMMANDS)
 def test_the_flag_overrides_a_bad_variable(
     monkeypatch: pytest.MonkeyPatch, command: list[str], variable: str
@@ -301,8 +326,7 @@ def test_the_flag_overrides_a_bad_variable(
         reached.append("client")
         raise InspectError("no broker")
 
-    monkeypatch.setattr(inspect_cli, "TopicReader", unreachable)
-    monkeypatch.setattr(conformance_cli, "run_kit", unreachable)
+    fake_clients(monkeypatch, unreachable)
     monkeypatch.setenv(variable, "no-such-host.invalid:9092")
     assert main([*command, "--bootstrap", "127.0.0.1:1"]) == 1
     assert reached == ["client"]
