@@ -23,14 +23,14 @@ Delivery semantics (at-least-once):
   `sapo.node.quarantine`). A `ServiceError` (a produce the broker refused, a fatal client error, a
   lost lease) is never contained: the service stops and its restart recovers. A record whose
   headers the client cannot read (a header name that is not UTF-8) is refused as "bad_header".
-- A reader of a topic's whole history at every start (`history=True`: the compacted policy and keys
-  topics, read from the beginning by every process) dead-letters only what arrived after its start.
-  When a partition is assigned it asks the broker where the partition ends; a record refused below that
-  end was refused, and dead-lettered, by the processes that read it as it arrived, so it is counted
-  and logged only: otherwise every restart would dead-letter it again and fire the dead-letter alert.
-  A record written while no reader ran (a first start's included) is dead-lettered by none; it stays on
-  the compacted topic until a newer record under its key replaces it. Where the broker cannot tell
-  the end, every record counts as new.
+- A reader of a topic's whole history at every start (`history=True`: the compacted policy, keys and
+  leases topics, read from the beginning by every process) dead-letters only what arrived after its
+  start. When a partition is assigned it asks the broker where the partition ends; a record refused
+  below that end was refused, and dead-lettered, by the processes that read it as it arrived, so it is
+  counted and logged only: otherwise every restart would dead-letter it again and fire the dead-letter
+  alert. A record written while no reader ran (a first start's included) is dead-lettered by none; it
+  stays on the compacted topic until a newer record under its key replaces it. Where the broker cannot
+  tell the end, every record counts as new.
 """
 
 from __future__ import annotations

@@ -27,7 +27,9 @@ one partition, key = role) before it writes anything:
 
 What is read is bounded, so that one record from any client that can write to the node's topics cannot
 take a role for good (a lease nobody can outbid or outwait) or make every later write look fenced.
-Each refused record is counted, dead-lettered and skipped (`InvalidMessageError`, by reason):
+Each refused record is counted, dead-lettered and skipped (`InvalidMessageError`, by reason), and
+dead-lettered once: by the processes that read it as it arrived, not again by every later start, which
+reads the whole topic (the loop's `history` reading, `sapo.kafka.consumer`):
 
 - `lease_ttl_out_of_range`: a `ttl_s` that is not finite or not within 0..`MAX_LEASE_TTL_S` (the
   longest `lease_ttl_s` a process may be set to), so a lease no longer renewed expires within an hour.
@@ -229,6 +231,7 @@ class Lease:
             metrics=transport,
             dead_letters=dead_letters,
             stream_of=lambda _topic: "leases",
+            history=True,
             poll_timeout_s=0.0,
         )
         health.require(LEASE_READ)

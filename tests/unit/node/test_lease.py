@@ -9,15 +9,17 @@ from typing import ClassVar
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sapo.kafka import Publisher, Record, TransportMetrics
+from sapo.kafka import DeadLetters, Publisher, Record, TransportMetrics
 from sapo.kafka.errors import DeliveryError
 from sapo.kafka.memory import MemoryBus, MemoryConsumerClient, MemoryPublisher
 from sapo.lifecycle import StopFlag
 from sapo.node.lease import MAX_CLOCK_AHEAD_S, FencedError, Lease, LeaseLostError, LeaseMetrics
 from sapo.ops import Health
+from sapo.v1 import lease_pb2
+from sapo.wire import SCHEMA_VERSION
 
 pytestmark = pytest.mark.unit
-TOPIC = "sapo.node.node-a.leases"
+TOPIC, DLQ = "sapo.node.node-a.leases", "sapo.node.node-a.dlq"
 TTL = 30.0
 
 
@@ -39,8 +41,11 @@ def lease(
     name: str,
     publisher: Publisher | None = None,
     client: MemoryConsumerClient | None = None,
+    *,
+    dead_letters: bool = False,
 ) -> Lease:
     registry, health = CollectorRegistry(), Health()
+    transport = TransportMetrics(registry, "sampler")
     made = Lease(
         client or MemoryConsumerClient(bus, f"lease-{name}"),
         publisher or MemoryPublisher(bus),
@@ -50,9 +55,10 @@ def lease(
         ttl_s=TTL,
         idle_s=0.0,
         metrics=LeaseMetrics(registry, "sampler"),
-        transport=TransportMetrics(registry, "sampler"),
+        transport=transport,
         health=health,
         stop=StopFlag(),
+        dead_letters=DeadLetters(MemoryPublisher(bus), DLQ, "sampler", transport) if dead_letters else None,
         clock=clock,
     )
     REGISTRIES[id(made)] = registry
@@ -60,8 +66,8 @@ def lease(
     return made
 
 
-def metric(held: Lease, name: str) -> float | None:
-    return REGISTRIES[id(held)].get_sample_value(name)
+def metric(held: Lease, name: str, labels: dict[str, str] | None = None) -> float | None:
+    return REGISTRIES[id(held)].get_sample_value(name, labels)
 
 
 def acquire_in_background(candidate: Lease) -> threading.Thread:
@@ -238,3 +244,22 @@ def test_an_acquisition_from_a_clock_far_ahead_still_fences_the_holder_it_outbid
         holder.check(before_write=True)
     standby = lease(bus, clock, "c")
     assert standby.acquire() and standby.epoch > intruder.epoch  # at once: it is not live on this clock
+
+
+def test_a_refused_lease_record_is_dead_lettered_once_not_again_at_every_start() -> None:
+    """Every sampler and trainer reads the leases topic whole at every start (the embedded broker never
+    compacts it): a record the processes running when it arrived refused and dead-lettered is counted,
+    not dead-lettered again by each later start."""
+    bus, clock = MemoryBus(), Clock()
+    holder = lease(bus, clock, "a", dead_letters=True)
+    assert holder.acquire()
+    hostile = lease_pb2.Lease(
+        schema_version=SCHEMA_VERSION, node_id="node-a", role="sampler", owner="x", ttl_s=1e9
+    )
+    bus.append(TOPIC, b"sampler", hostile.SerializeToString(), [])
+    holder.check(before_write=True)  # read as it arrived: dead-lettered
+    holder.release()
+    later = lease(bus, clock, "b", dead_letters=True)
+    assert later.acquire()
+    assert [r.headers["sapo-dlq-reason"] for r in bus.topics[DLQ]] == [b"lease_ttl_out_of_range"]
+    assert metric(later, "sapo_sampler_messages_rejected_total", {"reason": "lease_ttl_out_of_range"}) == 1
