@@ -10,8 +10,9 @@ Steps run cheapest first, so most of a large swarm's traffic is dropped before i
    arrival for swarm records with a facts header (see below).
 3. `Screen.check`: identity (the decoded group is the verified sender's, of an accepted task and of
    a dataset configuration the node accepts, by provenance digest: a peer cannot make the node
-   re-derive enormous or unknown datasets; only then does lock-step count it as arrived), age
-   or staleness, dedupe by group id, the split claimed in provenance, then `Screen.verify`:
+   re-derive enormous or unknown datasets; only then does lock-step count it as arrived), age (and
+   a completion date no further ahead of this node's clock than the skew it tolerates) or
+   staleness, dedupe by group id, the split claimed in provenance, then `Screen.verify`:
    re-derivation of question and answer from provenance (a mismatch raises `InvalidMessageError` ->
    dead letter), rewards recomputed by the local verifier (the sender's rewards never reach a
    batch), zero-advantage groups dropped, advantages computed.
@@ -133,6 +134,7 @@ MALFORMED_REASONS: Final = (
 SCREEN_REASONS: Final = (
     "config_not_accepted",
     "too_old",
+    "clock_ahead",
     "stale",
     "duplicate",
     "not_train_split",
@@ -167,6 +169,7 @@ class ScreenConfig:
     accepted_configs: frozenset[str]  # config digests a peer's provenance may name
     max_payload_bytes: int
     max_external_age_s: float
+    max_clock_skew_s: float
     max_policy_lag: int
     advantage_scale: AdvantageScale
     advantage_eps: float
@@ -383,8 +386,9 @@ class Screen:
             return reason
         if self._on_arrival is not None:
             self._on_arrival(node, facts.group_id, facts.round, "external", now_s)
-        if self._too_old(facts.completed_s, now_s):
-            return "too_old"
+        reason = self._age_reason(facts.completed_s, now_s)
+        if reason is not None:
+            return reason
         if facts.group_id in self.seen:
             return "duplicate"
         reason = _split_reason(facts.split, facts.group_id, node)
@@ -453,9 +457,13 @@ class Screen:
             return "config_not_accepted"  # before any re-derivation: its cost stays bounded by our configs
         return None
 
-    def _too_old(self, completed_s: float, now_s: float) -> bool:
-        """A swarm group's age since completed_at (unset = infinitely old) is over the bound."""
-        return completed_s == 0.0 or now_s - completed_s > self.cfg.max_external_age_s
+    def _age_reason(self, completed_s: float, now_s: float) -> str | None:
+        """A swarm group's age since completed_at (unset = infinitely old) is over the bound, or its
+        completed_at lies further ahead of this node's clock than the skew it tolerates: such a group
+        would stay fresh, in the pool and for replays, for as long as its date is ahead."""
+        if completed_s == 0.0 or now_s - completed_s > self.cfg.max_external_age_s:
+            return "too_old"
+        return "clock_ahead" if completed_s - now_s > self.cfg.max_clock_skew_s else None
 
     def _freshness_reason(
         self, group: rollout_pb2.RolloutGroup, origin: Origin, now_s: float, target_version: int
@@ -464,7 +472,7 @@ class Screen:
         the group's sampling policy and the batch it would join. A peer's policy version says
         nothing about ours, and our own clock-free version count is the better bound locally."""
         if origin == "external":
-            return "too_old" if self._too_old(completed_seconds(group), now_s) else None
+            return self._age_reason(completed_seconds(group), now_s)
         lag = target_version - group.policy_version
         return "stale" if lag > self.cfg.max_policy_lag else None
 

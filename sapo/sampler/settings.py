@@ -176,6 +176,14 @@ class SamplerSettings(ServiceSettings, RoundSettings, LeaseSettings, PeerMetrics
     max_external_age_s: float = Field(
         900.0, gt=0, le=30 * 86_400, description="External groups completed longer ago are refused."
     )
+    max_clock_skew_s: float = Field(
+        300.0,
+        ge=0,
+        le=86_400,
+        description="External groups whose completed_at lies further ahead of this node's clock are "
+        "refused (clock_ahead): a peer's clock that runs a few minutes fast is tolerated, a date further "
+        "ahead would keep its group fresh, and replayable, for that much longer than MAX_EXTERNAL_AGE_S.",
+    )
     max_policy_lag: int = Field(
         4, ge=0, le=1_000_000, description="Local groups more policy versions behind the batch are refused."
     )
@@ -314,6 +322,7 @@ class SamplerSettings(ServiceSettings, RoundSettings, LeaseSettings, PeerMetrics
             accepted_configs=self.accepted_configs(),
             max_payload_bytes=self.max_payload_bytes,
             max_external_age_s=self.max_external_age_s,
+            max_clock_skew_s=self.max_clock_skew_s,
             max_policy_lag=self.max_policy_lag,
             advantage_scale=self.advantage_scale,
             advantage_eps=self.advantage_eps,

@@ -106,6 +106,8 @@ CASES: dict[str, tuple[Edit | None, str | None]] = {
     "foreign config": (_set("question.provenance.config_digest", "0" * 64), "config_not_accepted"),
     "too old": (_set("completed_at.seconds", int(T0) - 3600), "too_old"),
     "never completed": (lambda g: g.ClearField("completed_at"), "too_old"),
+    "clock 2 min ahead": (_set("completed_at.seconds", int(T0) + 120), None),
+    "clock 2 h ahead": (_set("completed_at.seconds", int(T0) + 7200), "clock_ahead"),
     "eval split": (_set("question.provenance.split", question_pb2.SPLIT_EVAL), "not_train_split"),
     "claims no signal": (_no_claim, "no_signal_claimed"),
     "one scored completion": (_errors, "too_few_completions"),

@@ -12,6 +12,7 @@ from sapo.convert import question_to_proto
 from sapo.grpo.advantages import group_advantages
 from sapo.sampler import REASONS, Scored, Screen, ScreenConfig, SeenGroups, header_reason, parse
 from sapo.sampler.screen import ArrivalHook, VerifyMode
+from sapo.sampler.settings import SamplerSettings
 from sapo.sampler.verifier import Verifier
 from sapo.tasks import QuestionRecord
 from sapo.tasks.records import canonical_json, sha256_hex
@@ -160,6 +161,33 @@ def test_freshness_bounds() -> None:
     assert honest(screen, lagging, "local", now, 6) == "stale"
     assert isinstance(honest(screen, lagging, "local", now, 5), Scored)
     assert isinstance(honest(screen, real_group(RECORDS[0], "peer-1"), "external", now, 99), Scored)
+
+
+@pytest.mark.parametrize(
+    ("skew_s", "verdict"),
+    [
+        (-120.0, None),  # a peer's clock 2 min behind: its groups look 2 min older
+        (120.0, None),  # 2 min ahead: within the tolerated skew
+        (-600.0, None),
+        (600.0, "clock_ahead"),
+        (-7200.0, "too_old"),
+        (7200.0, "clock_ahead"),
+    ],
+)
+def test_a_peer_clock_skewed_a_few_minutes_is_tolerated_and_a_date_far_ahead_refused(
+    skew_s: float, verdict: str | None
+) -> None:
+    """The default bounds (900 s of age, 300 s of skew ahead): a group just completed by a peer whose
+    clock is off by `skew_s`. A date far ahead would keep the group fresh, pooled and replayable for
+    as long as it is ahead."""
+    now = time.time()
+    screen = _screen(max_external_age_s=SamplerSettings(node_id=NODE).max_external_age_s)
+    group = real_group(RECORDS[0], "peer-1", completed_s=now + skew_s)
+    result = honest(screen, group, "external", now, 0)
+    if verdict is None:
+        assert isinstance(result, Scored), result
+    else:
+        assert result == verdict
 
 
 def test_identity_is_checked_on_the_decoded_body_and_dedupe_by_group_id() -> None:
