@@ -16,6 +16,11 @@ again: it is dead-lettered with reason `poison_batch` and the last error, counte
 version advances without training (`Trainer.skip`), so lock-step generators still get their round's
 version. One record per node is enough: batches are trained in sequence order, one at a time, and the
 next batch's first attempt overwrites it (one small write per step).
+
+What fails after a successful step is not the batch's fault: when the checkpoint store refuses the
+version or state that follows (full, read-only, unreachable), the trainer stops too, and each restart
+replays the same batch. Before it stops it rewrites the record as `stepped` (no failed attempts), so
+the store's outage, however many restarts it lasts, never quarantines a batch that trains.
 """
 
 from __future__ import annotations
@@ -55,6 +60,11 @@ def next_attempt(previous: Attempt | None, batch_id: str, sequence: int) -> Atte
     if previous.batch_id == batch_id:
         return Attempt(batch_id, sequence, previous.attempts + 1, previous.error)
     return Attempt(batch_id, sequence, 1)  # another batch of the same sequence: a new sampler's
+
+
+def stepped(attempt: Attempt) -> Attempt:
+    """The record of `attempt`'s batch once its step has succeeded: no failed attempts left to count."""
+    return Attempt(attempt.batch_id, attempt.sequence, 0)
 
 
 def is_poison(previous: Attempt | None, batch_id: str, max_attempts: int) -> bool:

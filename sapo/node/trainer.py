@@ -48,7 +48,7 @@ from sapo.node.lease import Lease, node_lease
 from sapo.node.metrics import TrainerMetrics
 from sapo.node.peers import PeerLabels
 from sapo.node.planner import WorkPlanner
-from sapo.node.quarantine import AttemptLog, is_poison, next_attempt
+from sapo.node.quarantine import Attempt, AttemptLog, is_poison, next_attempt, stepped
 from sapo.ops import Health
 from sapo.runtime import Runtime
 from sapo.settings import ConfigError, env_prefix
@@ -143,6 +143,7 @@ class TrainerService:
         self._published = -1
         self._stored = True  # whether the published version is in the store (a full state needs it)
         self._last_report: StepReport | None = None
+        self._stepped: Attempt | None = None  # the attempt record of this process's last successful step
         self._batch_epoch = 0  # the highest sampler epoch seen: a lower one is a fenced sampler's
         epoch = lease.epoch if lease is not None else 0
         self.planner = WorkPlanner(
@@ -320,7 +321,7 @@ class TrainerService:
             self.attempts.write(attempt)
         try:
             with self.gate.hold():
-                return self.trainer.apply(batch)
+                report = self.trainer.apply(batch)
         except Exception as exc:
             if attempt is not None:
                 self.attempts.write(replace(attempt, error=f"{type(exc).__name__}: {exc}"))
@@ -328,6 +329,8 @@ class TrainerService:
                 "step of batch %s failed (attempt %s)", batch.batch_id, attempt and attempt.attempts
             )
             raise
+        self._stepped = attempt
+        return report
 
     @contextlib.contextmanager
     def _busy(self) -> Iterator[None]:
@@ -353,7 +356,8 @@ class TrainerService:
             self.lease.check(before_write=True)  # a fenced trainer stops here, before it writes
         if self.trainer.version > self._published:
             started = time.perf_counter()
-            published = self.trainer.publish()
+            with self._store_write():
+                published = self.trainer.publish()
             self.metrics.checkpoint_seconds.observe(time.perf_counter() - started)
             self.metrics.versions_published.labels(published.outcome).inc()
             self._published = self.trainer.version
@@ -365,7 +369,8 @@ class TrainerService:
         if not (due or final or self.stop.is_set()):
             return
         started = time.perf_counter()
-        self.trainer.save_state()
+        with self._store_write():
+            self.trainer.save_state()
         seconds = time.perf_counter() - started
         self.metrics.state_seconds.observe(seconds)
         log.info("wrote the full state of version %d in %.2fs", self.trainer.version, seconds)
@@ -373,6 +378,33 @@ class TrainerService:
             self.loop.finish(record)
         self._held.clear()
         self.loop.commit()
+
+    @contextlib.contextmanager
+    def _store_write(self) -> Iterator[None]:
+        """A store that refuses a write (full, read-only, unreachable) stops the service, as a failed
+        step does: the restart resumes from the last full state once the store takes writes again. The
+        batch whose step succeeded is marked so (`quarantine.stepped`), or restarts failing on the
+        store would quarantine it as poison. Marking is best effort: a full store may refuse that small
+        write too, and the store's error is what the service reports."""
+        try:
+            yield
+        except Exception as exc:
+            log.error(
+                "cannot write version %d to the checkpoint store %s (%s: %s): stopping; a restart "
+                "resumes from the last full state once the store takes writes again (free space, or "
+                "fix %sCHECKPOINT_ROOT)",
+                self.trainer.version,
+                self.trainer.store.root.uri(),
+                type(exc).__name__,
+                exc,
+                env_prefix(self.settings),
+            )
+            if self._stepped is not None:
+                try:
+                    self.attempts.write(stepped(self._stepped))
+                except Exception as marking:
+                    log.warning("could not mark batch %s as stepped: %s", self._stepped.batch_id, marking)
+            raise
 
     def _announce_published(self, published: Published) -> None:
         written = published.written

@@ -34,9 +34,12 @@ POISONED = 2
 ATTEMPTS = 2
 
 
-def run_trainer(env: dict[str, str], log: Path, until: str | None = None) -> int:
-    """Run the trainer until it exits, or (with `until`) until its log shows `until`, then stop it."""
-    command = [sys.executable, "-m", "tests.integration.failing_trainer", str(POISONED)]
+def run_trainer(
+    env: dict[str, str], log: Path, until: str | None = None, command: list[str] | None = None
+) -> int:
+    """Run the trainer (`command`, default the failing one) until it exits, or (with `until`) until its
+    log shows `until`, then stop it."""
+    command = command or [sys.executable, "-m", "tests.integration.failing_trainer", str(POISONED)]
     with log.open("w") as out:
         process = subprocess.Popen(command, env=env, cwd=ts.ROOT, stdout=out, stderr=subprocess.STDOUT)
     try:
@@ -92,3 +95,39 @@ def test_a_batch_that_fails_every_step_is_quarantined_and_the_node_goes_on(
     assert all(steps[f"node-a/{seq}"] > 0 for seq in range(len(batches)) if seq != POISONED)
     updates = ts.policy_updates(kafka_bootstrap, topics.policy, until_version=len(batches))
     assert isinstance(updates[-1], policy_pb2.PolicyUpdate) and updates[-1].version == len(batches)
+
+
+def test_a_full_checkpoint_store_stops_the_trainer_but_never_quarantines_a_batch_that_trained(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    """The store refuses the version after batch POISONED's step (ENOSPC) for more restarts than
+    `max_step_attempts`: each run stops naming the store and the error, and once space is back the
+    batch is trained, not dead-lettered as poison."""
+    topics = ts.node_topics(kafka_bootstrap, topic_prefix)
+    tokenizer = load_bundled_tokenizer()
+    batches = ts.make_batches(b.tiny(tokenizer), tokenizer, b.questions(2), count=4)
+    ts.publish(kafka_bootstrap, topics.batches, batches)
+    root = tmp_path / "store"
+    env = ts.trainer_env(kafka_bootstrap, topic_prefix, root)
+    env["SAPO_TRAINER_MAX_STEP_ATTEMPTS"] = str(ATTEMPTS)
+    full = tmp_path / "full"
+    full.touch()
+    command = [sys.executable, "-m", "tests.integration.full_store_trainer", str(POISONED + 1), str(full)]
+
+    for attempt in range(1, ATTEMPTS + 2):
+        log = tmp_path / f"full-{attempt}.log"
+        assert run_trainer(env, log, command=command) != 0, log.read_text()
+        text = log.read_text()
+        assert f"cannot write version {POISONED + 1} to the checkpoint store" in text, text
+        assert "No space left on device" in text and "CHECKPOINT_ROOT" in text
+        assert "quarantined" not in text
+    full.unlink()
+    log = tmp_path / "space-back.log"
+    assert run_trainer(env, log, until=f"announced version {len(batches)}", command=command) == 0
+    assert "quarantined" not in log.read_text(), log.read_text()
+
+    loaded = CheckpointStore(root).load_state(ts.NODE)
+    assert loaded is not None
+    state = torch.load(io.BytesIO(loaded[1]), weights_only=True)
+    steps = {batch_id: optimizer_steps for _, batch_id, _, optimizer_steps in state["ledger"]}
+    assert all(steps[f"node-a/{seq}"] > 0 for seq in range(len(batches)))
