@@ -98,8 +98,9 @@ class TransportError(ServiceError):
 class KafkaConsumerClient:
     """`ConsumerClient` over confluent-kafka's Consumer. With `lag`, every assigned partition's unread
     messages are kept in that gauge from librdkafka's statistics (`sapo.kafka.lag`; the config's
-    `statistics.interval.ms` says how often, 0 = never). `setting` names where `bootstrap.servers` came
-    from, for the error an unreachable cluster logs (`sapo.clientlog`)."""
+    `statistics.interval.ms` says how often, 0 = never), and with `brokers_up` the brokers it is
+    connected to. `setting` names where `bootstrap.servers` came from, for the error an unreachable
+    cluster logs (`sapo.clientlog`)."""
 
     def __init__(
         self,
@@ -107,9 +108,10 @@ class KafkaConsumerClient:
         group_id: str,
         *,
         lag: Gauge | None = None,
+        brokers_up: Gauge | None = None,
         setting: str = "bootstrap.servers",
     ) -> None:
-        self._lag = LagGauge(lag) if lag is not None else None
+        self._lag = LagGauge(lag, brokers_up) if lag is not None else None
         callbacks = client_hooks(config, setting)
         if self._lag is not None:
             callbacks["stats_cb"] = self._lag.on_stats
@@ -226,10 +228,12 @@ class KafkaReaderClient(KafkaConsumerClient):
         group_id: str,
         *,
         lag: Gauge | None = None,
+        brokers_up: Gauge | None = None,
         setting: str = "bootstrap.servers",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        super().__init__(config | {"enable.auto.commit": "false"}, group_id, lag=lag, setting=setting)
+        config = config | {"enable.auto.commit": "false"}
+        super().__init__(config, group_id, lag=lag, brokers_up=brokers_up, setting=setting)
         self._clock = clock
         self._topics: list[str] = []
         self._on_assign: AssignHook | None = None

@@ -1,4 +1,5 @@
-"""Consumer lag per assigned partition, from librdkafka's statistics, as a gauge.
+"""Consumer lag per assigned partition, and the brokers a client is connected to, from librdkafka's
+statistics, as gauges.
 
 librdkafka computes per-partition offsets from what it already knows and hands them to the application
 every `statistics.interval.ms` (the `stats_cb`, served by `poll`, so on the consumer loop's own thread):
@@ -10,6 +11,10 @@ Lag here is `hi_offset - app_offset`: messages the service has not read yet. lib
 holds on purpose (a sampler's pooled groups, a trainer's batches until their checkpoint), so it would
 report a busy, healthy consumer as behind. Before the first message of an assignment is read, the
 position is the committed offset, or the low watermark when there is none (auto.offset.reset=earliest).
+
+While the cluster is out of reach the lag gauges keep their last values (no fetch answers), so the same
+statistics also say how many of the cluster's brokers the client is connected to (`brokers_up`): 0
+through an outage, which no other metric shows (librdkafka only logs it, `sapo.clientlog`).
 """
 
 from __future__ import annotations
@@ -52,21 +57,34 @@ def partition_lags(stats: Mapping[str, Any]) -> dict[TopicPartition, int]:
     return lags
 
 
+def brokers_up(stats: Mapping[str, Any]) -> int:
+    """How many of the cluster's brokers (known by node id, not the bootstrap addresses) the client is
+    connected to, from one statistics object (brokers -> state "UP")."""
+    brokers = stats.get("brokers", {}).values()
+    return sum(1 for b in brokers if int(b.get("nodeid", -1)) >= 0 and b.get("state") == "UP")
+
+
 class LagGauge:
     """Sets `gauge{topic, partition}` from each statistics callback of one client, and removes the
-    series of partitions the client no longer reports (revoked) or when it closes."""
+    series of partitions the client no longer reports (revoked) or when it closes; with `brokers`, sets
+    it to `brokers_up` as well."""
 
-    def __init__(self, gauge: Gauge) -> None:
+    def __init__(self, gauge: Gauge, brokers: Gauge | None = None) -> None:
         self._gauge = gauge
+        self._brokers = brokers
         self._shown: set[TopicPartition] = set()
 
     def on_stats(self, raw: str) -> None:
         """librdkafka's `stats_cb`: never raises (a bad statistics object only costs its update)."""
         try:
-            lags = partition_lags(json.loads(raw))
+            stats = json.loads(raw)
+            lags = partition_lags(stats)
+            up = brokers_up(stats)
         except (ValueError, TypeError, AttributeError) as exc:
             log.warning("unreadable librdkafka statistics: %s", exc)
             return
+        if self._brokers is not None:
+            self._brokers.set(up)
         for (topic, partition), lag in lags.items():
             self._gauge.labels(topic, str(partition)).set(lag)
         self._remove(self._shown - lags.keys())

@@ -126,6 +126,14 @@ class TransportMetrics:
             ["topic", "partition"],
             registry=registry,
         )
+        self.brokers_up = Gauge(
+            f"{p}_kafka_brokers_up",
+            "Brokers of the cluster (connection: node, or swarm for a separate swarm cluster) the "
+            "service's consumers were connected to at their last librdkafka statistics (sapo.kafka.lag): "
+            "0 while the cluster is out of reach.",
+            ["connection"],
+            registry=registry,
+        )
         self.assigned_partitions = Gauge(
             f"{p}_assigned_partitions",
             "Partitions currently assigned to this service's consumers.",

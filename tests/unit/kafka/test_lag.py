@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from sapo.kafka import TransportMetrics
-from sapo.kafka.lag import LagGauge, partition_lags
+from sapo.kafka.lag import LagGauge, brokers_up, partition_lags
 
 pytestmark = pytest.mark.unit
 INVALID = -1001
@@ -74,3 +74,14 @@ def test_the_gauge_follows_each_report_and_forgets_revoked_partitions() -> None:
     assert 'sapo_trainer_consumer_lag_messages{partition="0",topic="t"} 0.0' in text()
     gauge.clear()
     assert "sapo_trainer_consumer_lag_messages{" not in text()
+
+
+def test_brokers_up_counts_the_clusters_connected_brokers_not_the_bootstrap_entries() -> None:
+    def broker(nodeid: int, state: str) -> dict[str, Any]:
+        return {"nodeid": nodeid, "state": state}
+
+    connected = {"127.0.0.1:9092/bootstrap": broker(-1, "UP"), "b1": broker(1, "UP"), "b2": broker(2, "UP")}
+    assert brokers_up({"brokers": connected}) == 2
+    outage = {"127.0.0.1:9092/bootstrap": broker(-1, "TRY_CONNECT"), "b1": broker(1, "CONNECT")}
+    assert brokers_up({"brokers": outage}) == 0
+    assert brokers_up({}) == 0
