@@ -108,7 +108,7 @@ class KafkaConsumerClient:
         group_id: str,
         *,
         lag: Gauge | None = None,
-        brokers_up: Gauge | None = None,
+        brokers_up: Callable[[int], None] | None = None,
         setting: str = "bootstrap.servers",
     ) -> None:
         self._lag = LagGauge(lag, brokers_up) if lag is not None else None
@@ -228,7 +228,7 @@ class KafkaReaderClient(KafkaConsumerClient):
         group_id: str,
         *,
         lag: Gauge | None = None,
-        brokers_up: Gauge | None = None,
+        brokers_up: Callable[[int], None] | None = None,
         setting: str = "bootstrap.servers",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:

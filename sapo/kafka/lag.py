@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from prometheus_client import Gauge
@@ -66,10 +66,11 @@ def brokers_up(stats: Mapping[str, Any]) -> int:
 
 class LagGauge:
     """Sets `gauge{topic, partition}` from each statistics callback of one client, and removes the
-    series of partitions the client no longer reports (revoked) or when it closes; with `brokers`, sets
-    it to `brokers_up` as well."""
+    series of partitions the client no longer reports (revoked) or when it closes; with `brokers`, hands
+    it `brokers_up` as well (a setter, so that no series exists before the first statistics: a gauge
+    created at 0 would read as an outage, for ever where statistics are off)."""
 
-    def __init__(self, gauge: Gauge, brokers: Gauge | None = None) -> None:
+    def __init__(self, gauge: Gauge, brokers: Callable[[int], None] | None = None) -> None:
         self._gauge = gauge
         self._brokers = brokers
         self._shown: set[TopicPartition] = set()
@@ -84,7 +85,7 @@ class LagGauge:
             log.warning("unreadable librdkafka statistics: %s", exc)
             return
         if self._brokers is not None:
-            self._brokers.set(up)
+            self._brokers(up)
         for (topic, partition), lag in lags.items():
             self._gauge.labels(topic, str(partition)).set(lag)
         self._remove(self._shown - lags.keys())

@@ -13,6 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
 from pydantic_settings import SettingsConfigDict
 
 from sapo import wire
@@ -214,3 +215,24 @@ def test_an_ops_port_in_use_fails_the_start_with_the_kafka_clients_closed(
             assert error.tb is not None and _kafka_client_threads() <= before
     finally:
         root.handlers[:], root.level = handlers, level  # keep pytest's log capture
+
+
+def test_a_consumer_exports_no_brokers_up_series_before_its_first_statistics(
+    kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A series created at 0 with the client would read as an outage until the first statistics, and
+    for ever with statistics off (CONSUMER__STATISTICS_INTERVAL_MS=0)."""
+    monkeypatch.setenv("SAPO_DEMO_NODE_ID", "n")
+    monkeypatch.setenv("SAPO_DEMO_KAFKA__BOOTSTRAP_SERVERS", kafka_bootstrap)
+    monkeypatch.setenv("SAPO_DEMO_HTTP_HOST", "127.0.0.1")
+    monkeypatch.setenv("SAPO_DEMO_HTTP_PORT", "0")
+    monkeypatch.setenv("SAPO_DEMO_CONSUMER__STATISTICS_INTERVAL_MS", "0")
+    runtime = start_runtime("demo", load_settings(DemoSettings), install_signals=False)
+    try:
+        client = runtime.consumer("demo")
+        try:
+            assert "sapo_demo_kafka_brokers_up{" not in generate_latest(runtime.registry).decode()
+        finally:
+            client.close()
+    finally:
+        runtime.close()

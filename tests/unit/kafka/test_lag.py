@@ -85,3 +85,18 @@ def test_brokers_up_counts_the_clusters_connected_brokers_not_the_bootstrap_entr
     outage = {"127.0.0.1:9092/bootstrap": broker(-1, "TRY_CONNECT"), "b1": broker(1, "CONNECT")}
     assert brokers_up({"brokers": outage}) == 0
     assert brokers_up({}) == 0
+
+
+def test_the_brokers_gauge_has_no_series_before_the_first_statistics() -> None:
+    """Created at 0 it would read as an outage from the client's start, and for ever with statistics
+    off: the series appears with the first statistics."""
+    registry = CollectorRegistry()
+    transport = TransportMetrics(registry, "sampler")
+
+    def scraped() -> str:
+        return generate_latest(registry).decode()
+
+    lag = LagGauge(transport.consumer_lag, lambda up: transport.brokers_up.labels("node").set(up))
+    assert "sapo_sampler_kafka_brokers_up{" not in scraped()
+    lag.on_stats(json.dumps({"brokers": {"b1": {"nodeid": 1, "state": "UP"}}, "topics": {}}))
+    assert 'sapo_sampler_kafka_brokers_up{connection="node"} 1.0' in scraped()
