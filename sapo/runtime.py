@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import gc
 import logging
 import uuid
@@ -99,16 +98,13 @@ class Runtime:
         group = consumer_group(self.settings.topic_prefix, self.settings.node_id, role)
         config = conn.to_librdkafka() | self.settings.consumer.to_librdkafka(watch=watch)
         lag = self.transport.consumer_lag
-        brokers = functools.partial(self._set_brokers_up, "swarm" if swarm else "node")
+        brokers = self.transport.brokers_up.client("swarm" if swarm else "node")
         setting = bootstrap_setting(self.settings, swarm=swarm)
         if per_process:
             return KafkaReaderClient(
                 config, f"{group}.{uuid.uuid4().hex[:12]}", lag=lag, brokers_up=brokers, setting=setting
             )
         return KafkaConsumerClient(config, group, lag=lag, brokers_up=brokers, setting=setting)
-
-    def _set_brokers_up(self, connection: str, up: int) -> None:
-        self.transport.brokers_up.labels(connection).set(up)
 
     def close(self) -> None:
         self.publisher.flush(FLUSH_TIMEOUT_S)

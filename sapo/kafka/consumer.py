@@ -51,7 +51,7 @@ from sapo.clientlog import client_hooks
 from sapo.kafka.chunks import H_CHUNK, Incomplete, Reassembler, chunk_of
 from sapo.kafka.dlq import DeadLetters
 from sapo.kafka.errors import ServiceError
-from sapo.kafka.lag import LagGauge
+from sapo.kafka.lag import BrokersSetter, LagGauge
 from sapo.kafka.metrics import TransportMetrics
 from sapo.kafka.records import (
     AssignHook,
@@ -108,7 +108,7 @@ class KafkaConsumerClient:
         group_id: str,
         *,
         lag: Gauge | None = None,
-        brokers_up: Callable[[int], None] | None = None,
+        brokers_up: BrokersSetter | None = None,
         setting: str = "bootstrap.servers",
     ) -> None:
         self._lag = LagGauge(lag, brokers_up) if lag is not None else None
@@ -228,7 +228,7 @@ class KafkaReaderClient(KafkaConsumerClient):
         group_id: str,
         *,
         lag: Gauge | None = None,
-        brokers_up: Callable[[int], None] | None = None,
+        brokers_up: BrokersSetter | None = None,
         setting: str = "bootstrap.servers",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:

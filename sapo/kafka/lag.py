@@ -14,14 +14,20 @@ position is the committed offset, or the low watermark when there is none (auto.
 
 While the cluster is out of reach the lag gauges keep their last values (no fetch answers), so the same
 statistics also say how many of the cluster's brokers the client is connected to (`brokers_up`): 0
-through an outage, which no other metric shows (librdkafka only logs it, `sapo.clientlog`).
+through an outage, which no other metric shows (librdkafka only logs it, `sapo.clientlog`). A process
+has several clients of one cluster, each connected to the brokers it needs (a reader of one partition
+to its leader, a group member to its coordinator as well), so `BrokersUp` exports the most any open
+client reaches: 0 only while none reaches a broker.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import itertools
 import json
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -64,13 +70,49 @@ def brokers_up(stats: Mapping[str, Any]) -> int:
     return sum(1 for b in brokers if int(b.get("nodeid", -1)) >= 0 and b.get("state") == "UP")
 
 
+BrokersSetter = Callable[[int | None], None]
+"""One client's report to `BrokersUp`: its brokers up at each statistics, None once it closes."""
+
+
+class BrokersUp:
+    """`gauge{connection}`: the most brokers any open client of the process is connected to on that
+    connection. Each client's own count would overwrite the others' (a gauge that saws between the
+    counts of clients that need different brokers, and reads 0 while one of them alone is cut off), and
+    a closed client's last count would stay. A connection's series appears with its first client's
+    first statistics (created at 0 it would read as an outage, for ever where statistics are off) and
+    goes with its last client."""
+
+    def __init__(self, gauge: Gauge) -> None:
+        self._gauge = gauge
+        self._lock = threading.Lock()  # clients poll, so report, on their own threads
+        self._up: dict[str, dict[int, int]] = {}  # connection -> client -> brokers up
+        self._clients = itertools.count()
+
+    def client(self, connection: str) -> BrokersSetter:
+        """The setter one client of `connection` reports through."""
+        return functools.partial(self._report, connection, next(self._clients))
+
+    def _report(self, connection: str, client: int, up: int | None) -> None:
+        with self._lock:
+            counts = self._up.setdefault(connection, {})
+            if up is not None:
+                counts[client] = up
+            else:
+                counts.pop(client, None)
+            if counts:
+                self._gauge.labels(connection).set(max(counts.values()))
+                return
+            del self._up[connection]
+            with contextlib.suppress(KeyError):  # no client of it had reported yet
+                self._gauge.remove(connection)
+
+
 class LagGauge:
     """Sets `gauge{topic, partition}` from each statistics callback of one client, and removes the
     series of partitions the client no longer reports (revoked) or when it closes; with `brokers`, hands
-    it `brokers_up` as well (a setter, so that no series exists before the first statistics: a gauge
-    created at 0 would read as an outage, for ever where statistics are off)."""
+    it `brokers_up` as well, and None when the client closes (`BrokersUp`)."""
 
-    def __init__(self, gauge: Gauge, brokers: Callable[[int], None] | None = None) -> None:
+    def __init__(self, gauge: Gauge, brokers: BrokersSetter | None = None) -> None:
         self._gauge = gauge
         self._brokers = brokers
         self._shown: set[TopicPartition] = set()
@@ -94,6 +136,8 @@ class LagGauge:
     def clear(self) -> None:
         self._remove(self._shown)
         self._shown = set()
+        if self._brokers is not None:
+            self._brokers(None)
 
     def _remove(self, tps: set[TopicPartition]) -> None:
         for topic, partition in tps:

@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily
 
 from sapo.kafka.errors import PRODUCE_ERROR_KINDS
+from sapo.kafka.lag import BrokersUp
 
 
 class LoopGauges(Protocol):
@@ -126,13 +127,15 @@ class TransportMetrics:
             ["topic", "partition"],
             registry=registry,
         )
-        self.brokers_up = Gauge(
-            f"{p}_kafka_brokers_up",
-            "Brokers of the cluster (connection: node, or swarm for a separate swarm cluster) the "
-            "service's consumers were connected to at their last librdkafka statistics (sapo.kafka.lag): "
-            "0 while the cluster is out of reach.",
-            ["connection"],
-            registry=registry,
+        self.brokers_up = BrokersUp(
+            Gauge(
+                f"{p}_kafka_brokers_up",
+                "Brokers of the cluster (connection: node, or swarm for a separate swarm cluster) the "
+                "service's consumers were connected to at their last librdkafka statistics, the most of "
+                "any open consumer (sapo.kafka.lag): 0 while the cluster is out of reach.",
+                ["connection"],
+                registry=registry,
+            )
         )
         self.assigned_partitions = Gauge(
             f"{p}_assigned_partitions",

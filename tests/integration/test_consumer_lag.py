@@ -94,7 +94,7 @@ def test_brokers_up_falls_to_zero_while_the_broker_is_down_and_rises_when_it_is_
         {"bootstrap.servers": broker.bootstrap} | profile.to_librdkafka(),
         f"{topic_prefix}.reader",
         lag=transport.consumer_lag,
-        brokers_up=transport.brokers_up.labels("node").set,
+        brokers_up=transport.brokers_up.client("node"),
     )
     fill_partitions(broker.bootstrap, f"{topic_prefix}.leases", [[b"x"]])
 

@@ -96,7 +96,35 @@ def test_the_brokers_gauge_has_no_series_before_the_first_statistics() -> None:
     def scraped() -> str:
         return generate_latest(registry).decode()
 
-    lag = LagGauge(transport.consumer_lag, lambda up: transport.brokers_up.labels("node").set(up))
+    lag = LagGauge(transport.consumer_lag, transport.brokers_up.client("node"))
     assert "sapo_sampler_kafka_brokers_up{" not in scraped()
     lag.on_stats(json.dumps({"brokers": {"b1": {"nodeid": 1, "state": "UP"}}, "topics": {}}))
     assert 'sapo_sampler_kafka_brokers_up{connection="node"} 1.0' in scraped()
+
+
+def test_the_brokers_gauge_shows_the_most_any_open_client_of_the_connection_reaches() -> None:
+    """A reader needs one broker, a group member three: the series is neither of them by turns, a
+    client cut off alone does not read as an outage, and a closed client's count goes with it."""
+    registry = CollectorRegistry()
+    transport = TransportMetrics(registry, "sampler")
+
+    def up(count: int) -> str:
+        return json.dumps({"brokers": {f"b{i}": {"nodeid": i, "state": "UP"} for i in range(count)}})
+
+    def scraped() -> str:
+        return generate_latest(registry).decode()
+
+    reader = LagGauge(transport.consumer_lag, transport.brokers_up.client("node"))
+    member = LagGauge(transport.consumer_lag, transport.brokers_up.client("node"))
+    swarm = LagGauge(transport.consumer_lag, transport.brokers_up.client("swarm"))
+    member.on_stats(up(3))
+    reader.on_stats(up(1))
+    swarm.on_stats(up(2))
+    assert 'sapo_sampler_kafka_brokers_up{connection="node"} 3.0' in scraped()
+    reader.on_stats(up(0))
+    assert 'sapo_sampler_kafka_brokers_up{connection="node"} 3.0' in scraped()
+    member.clear()
+    assert 'sapo_sampler_kafka_brokers_up{connection="node"} 0.0' in scraped()
+    assert 'sapo_sampler_kafka_brokers_up{connection="swarm"} 2.0' in scraped()
+    reader.clear()
+    assert 'connection="node"' not in scraped()
