@@ -98,7 +98,8 @@ class Runtime:
         group = consumer_group(self.settings.topic_prefix, self.settings.node_id, role)
         config = conn.to_librdkafka() | self.settings.consumer.to_librdkafka(watch=watch)
         lag = self.transport.consumer_lag
-        brokers = self.transport.brokers_up.client("swarm" if swarm else "node")
+        separate = swarm and self.settings.swarm_kafka is not None  # else the swarm's cluster is the node's
+        brokers = self.transport.brokers_up.client("swarm" if separate else "node")
         setting = bootstrap_setting(self.settings, swarm=swarm)
         if per_process:
             return KafkaReaderClient(

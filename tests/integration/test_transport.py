@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from pydantic_settings import SettingsConfigDict
 from sapo import wire
 from sapo.kafka import Disposition, KafkaPublisher, Record
 from sapo.ops import Health, OpsServer
-from sapo.runtime import start_runtime
+from sapo.runtime import Runtime, start_runtime
 from sapo.settings import ConfigError, ServiceSettings, load_settings
 from sapo.v1 import rollout_pb2
 from tests.factories import make_group
@@ -236,3 +237,35 @@ def test_a_consumer_exports_no_brokers_up_series_before_its_first_statistics(
             client.close()
     finally:
         runtime.close()
+
+
+def test_the_swarm_consumers_count_under_the_node_connection_without_a_separate_swarm_cluster(
+    kafka_bootstrap: str, topic_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """connection="swarm" names a separate swarm cluster: without one, a swarm consumer reaches the
+    node's brokers, and a series of its own would page twice for one outage."""
+    monkeypatch.setenv("SAPO_DEMO_NODE_ID", "n")
+    monkeypatch.setenv("SAPO_DEMO_KAFKA__BOOTSTRAP_SERVERS", kafka_bootstrap)
+    monkeypatch.setenv("SAPO_DEMO_HTTP_HOST", "127.0.0.1")
+    monkeypatch.setenv("SAPO_DEMO_HTTP_PORT", "0")
+    monkeypatch.setenv("SAPO_DEMO_CONSUMER__STATISTICS_INTERVAL_MS", "100")
+    topic = f"{topic_prefix}.swarm"
+    create_topics(kafka_bootstrap, topic)
+    runtime = start_runtime("demo", load_settings(DemoSettings), install_signals=False)
+    try:
+        client = runtime.consumer("demo-swarm", swarm=True, per_process=True)
+        try:
+            client.subscribe([topic], lambda tps: {}, lambda tps: None, lambda tps: None)
+            deadline = time.monotonic() + 30
+            while "sapo_demo_kafka_brokers_up{" not in scraped(runtime) and time.monotonic() < deadline:
+                client.poll(0.1)
+            assert 'sapo_demo_kafka_brokers_up{connection="node"}' in scraped(runtime)
+            assert 'connection="swarm"' not in scraped(runtime)
+        finally:
+            client.close()
+    finally:
+        runtime.close()
+
+
+def scraped(runtime: Runtime) -> str:
+    return generate_latest(runtime.registry).decode()
