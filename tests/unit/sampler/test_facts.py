@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -21,6 +22,7 @@ from sapo.sampler import (
     header_reason,
     parse,
 )
+from sapo.tasks import QuestionRecord
 from sapo.v1 import question_pb2, rollout_pb2
 from sapo.wire import (
     H_FACTS,
@@ -37,7 +39,14 @@ pytestmark = pytest.mark.unit
 NODE = "node-0"
 RECORDS = questions(node_seed=31, count=24)
 T0 = time.time()
+"""The clock these tests judge with: their groups are completed at it, not when a test runs (a run can
+reach this module long after it was imported, and a group dated later would be `clock_ahead`)."""
 Edit = Callable[[rollout_pb2.RolloutGroup], None]
+
+
+def _group(record: QuestionRecord, node_id: str, *args: Any, **kwargs: Any) -> rollout_pb2.RolloutGroup:
+    """`real_group`, completed at T0."""
+    return real_group(record, node_id, *args, completed_s=T0, **kwargs)
 
 
 def _screen(verify: VerifyMode = VerifyMode.LAZY, arrivals: list[tuple[str, int]] | None = None) -> Screen:
@@ -118,7 +127,7 @@ CASES: dict[str, tuple[Edit | None, str | None]] = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_facts_arrival_gives_the_decoded_arrival_verdict_and_the_same_verified_group(case: str) -> None:
     edit, reason = CASES[case]
-    group = real_group(RECORDS[sorted(CASES).index(case)], "peer-1")
+    group = _group(RECORDS[sorted(CASES).index(case)], "peer-1")
     if edit is not None:
         edit(group)
     on_facts, decoded = _on_facts(_screen(), group), _decoded(_screen(), group)
@@ -144,34 +153,32 @@ def test_facts_arrival_gives_the_decoded_arrival_verdict_and_the_same_verified_g
 
 
 def test_unset_split_and_oversized_bodies_are_dead_lettered_on_arrival() -> None:
-    unset = real_group(RECORDS[0], "peer-1")
+    unset = _group(RECORDS[0], "peer-1")
     unset.question.provenance.ClearField("split")
     with pytest.raises(InvalidMessageError, match="missing_split"):
         _on_facts(_screen(), unset)
     small = dataclasses.replace(_screen().cfg, max_payload_bytes=100)
     with pytest.raises(InvalidMessageError, match="oversized"):
-        Screen(small, SeenGroups(10)).check_facts(
-            _unread(real_group(RECORDS[1], "peer-1")), T0, Sender("peer-1")
-        )
+        Screen(small, SeenGroups(10)).check_facts(_unread(_group(RECORDS[1], "peer-1")), T0, Sender("peer-1"))
 
 
 def test_duplicates_and_lockstep_arrivals_key_on_the_headers_facts() -> None:
     arrivals: list[tuple[str, int]] = []
     screen = _screen(arrivals=arrivals)
-    group = real_group(RECORDS[2], "peer-1", round_=7)
+    group = _group(RECORDS[2], "peer-1", round_=7)
     first = _on_facts(screen, group)
     assert isinstance(first, Scored)
     assert (first.group.node_id, first.group.round, first.group.group_id) == ("peer-1", 7, group.group_id)
     screen.seen.add(first.group_id)
     assert _on_facts(screen, group) == "duplicate"
     assert arrivals == [("peer-1", 7), ("peer-1", 7)]  # as check: a duplicate is still an arrival
-    assert _on_facts(screen, real_group(RECORDS[3], NODE)) == "own_node"
+    assert _on_facts(screen, _group(RECORDS[3], NODE)) == "own_node"
     assert len(arrivals) == 2  # not a peer's arrival
 
 
 def _lie(edit: Edit) -> Unread:
     """A record whose body is a real group and whose facts header describes `edit` of it."""
-    body = real_group(RECORDS[4], "peer-1", (True, False, False))
+    body = _group(RECORDS[4], "peer-1", (True, False, False))
     claimed = rollout_pb2.RolloutGroup()
     claimed.CopyFrom(body)
     edit(claimed)
@@ -205,7 +212,7 @@ def test_a_facts_header_that_lies_is_caught_when_the_body_is_decoded(lie: str) -
 
 
 def test_a_body_of_another_node_than_its_sender_is_an_identity_mismatch_when_picked() -> None:
-    group = real_group(RECORDS[5], "peer-2")
+    group = _group(RECORDS[5], "peer-2")
     pooled = _screen().check_facts(_unread(group), T0, Sender("peer-1"))
     assert isinstance(pooled, Scored) and pooled.peer == "peer-1"
     with pytest.raises(InvalidMessageError, match="identity_mismatch"):
@@ -213,7 +220,7 @@ def test_a_body_of_another_node_than_its_sender_is_an_identity_mismatch_when_pic
 
 
 def test_which_records_arrive_on_their_facts() -> None:
-    group = real_group(RECORDS[6], "peer-1")
+    group = _group(RECORDS[6], "peer-1")
     headers = dict(rollout_headers(group, group.SerializeToString()))
     lazy, eager = _screen().cfg, _screen(VerifyMode.EAGER).cfg
     assert arrival_facts(headers, "external", lazy) == group_facts(group)
@@ -230,7 +237,7 @@ def test_which_records_arrive_on_their_facts() -> None:
 def test_a_generator_config_header_changes_no_verdict() -> None:
     """The header a node's generator adds for its own sampler: the prefilter, the facts arrival and the
     decoded path read past it."""
-    group = real_group(RECORDS[8], "peer-1")
+    group = _group(RECORDS[8], "peer-1")
     value = group.SerializeToString()
     headers = dict(rollout_headers(group, value, generator_config="0123456789abcdef"))
     lazy = _screen().cfg
@@ -245,7 +252,7 @@ def test_a_generator_config_header_changes_no_verdict() -> None:
 def test_a_group_of_too_many_completions_is_refused_on_its_facts_and_on_its_body() -> None:
     """Each completion of a picked group is re-scored, and trained as a row: a peer's group of
     thousands of tiny completions is refused before any of that, on arrival."""
-    group = real_group(RECORDS[7], "peer-1")
+    group = _group(RECORDS[7], "peer-1")
     while len(group.completions) <= MAX_GROUP_COMPLETIONS:
         group.completions.add().CopyFrom(group.completions[len(group.completions) % 4])
     with pytest.raises(InvalidMessageError) as lazy:

@@ -8,6 +8,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -24,6 +25,7 @@ from sapo.sampler import (
     make_assembler,
     pick_external,
 )
+from sapo.tasks import QuestionRecord
 from sapo.v1 import rollout_pb2
 from sapo.wire import InvalidMessageError
 from tests.unit.sampler.builders import assembly_config, honest, questions, real_group, scored, screen_config
@@ -33,6 +35,13 @@ pytestmark = pytest.mark.unit
 NODE = "node-0"
 RECORDS = questions(node_seed=17, count=24)
 T0 = time.time()
+"""The clock these tests judge with: their groups are completed at it, not when a test runs (a run can
+reach this module long after it was imported, and a group dated later would be `clock_ahead`)."""
+
+
+def _group(record: QuestionRecord, node_id: str, *args: Any, **kwargs: Any) -> rollout_pb2.RolloutGroup:
+    """`real_group`, completed at T0."""
+    return real_group(record, node_id, *args, completed_s=T0, **kwargs)
 
 
 def _screen(verify: VerifyMode = VerifyMode.LAZY) -> Screen:
@@ -57,14 +66,14 @@ def _assembler(screen: Screen, mode: RoundMode, mix: Mix, **overrides: object) -
 
 
 def _tampered(index: int, peer: str, round_: int = 0) -> rollout_pb2.RolloutGroup:
-    group = real_group(RECORDS[index], peer, round_=round_)
+    group = _group(RECORDS[index], peer, round_=round_)
     group.question.answer += "0"
     return group
 
 
 def _claims_signal_has_none(index: int, peer: str, round_: int = 0) -> rollout_pb2.RolloutGroup:
     """Every completion is wrong, but the sender claims one is right."""
-    group = real_group(RECORDS[index], peer, (False, False, False), round_=round_)
+    group = _group(RECORDS[index], peer, (False, False, False), round_=round_)
     group.completions[0].reward = 1.0
     return group
 
@@ -89,16 +98,16 @@ def test_arrival_runs_only_the_cheap_filters_on_external_groups() -> None:
     with pytest.raises(InvalidMessageError) as info:
         screen.verify(tampered)
     assert info.value.reason == "answer_mismatch"
-    no_claim = real_group(RECORDS[2], "peer-1", (True, False))
+    no_claim = _group(RECORDS[2], "peer-1", (True, False))
     no_claim.completions[0].reward = 0.0
     assert honest(screen, no_claim, "external", T0, 0) == "no_signal_claimed"
-    nan_claim = real_group(RECORDS[2], "peer-1", (True, False))
+    nan_claim = _group(RECORDS[2], "peer-1", (True, False))
     nan_claim.completions[0].reward = float("nan")
     assert honest(screen, nan_claim, "external", T0, 0) == "no_signal_claimed"
-    errored = real_group(RECORDS[2], "peer-1", (True, False))
+    errored = _group(RECORDS[2], "peer-1", (True, False))
     errored.completions[0].finish_reason = rollout_pb2.FINISH_REASON_ERROR
     assert honest(screen, errored, "external", T0, 0) == "too_few_completions"
-    unset_split = real_group(RECORDS[2], "peer-1")
+    unset_split = _group(RECORDS[2], "peer-1")
     unset_split.question.provenance.ClearField("split")
     with pytest.raises(InvalidMessageError, match="missing_split"):
         honest(screen, unset_split, "external", T0, 0)
@@ -108,13 +117,13 @@ def test_local_groups_are_verified_on_arrival() -> None:
     with pytest.raises(InvalidMessageError) as info:
         honest(_screen(), _tampered(1, NODE), "local", T0, 0)
     assert info.value.reason == "answer_mismatch"
-    local = honest(_screen(), real_group(RECORDS[1], NODE), "local", T0, 0)
+    local = honest(_screen(), _group(RECORDS[1], NODE), "local", T0, 0)
     assert isinstance(local, Scored)
     assert local.verified
 
 
 def test_verification_recomputes_rewards_and_drops_error_completions() -> None:
-    group = real_group(RECORDS[3], "peer-1", (True, False, False, True))
+    group = _group(RECORDS[3], "peer-1", (True, False, False, True))
     group.completions[1].reward = 1.0  # forged: the text is wrong
     group.completions[3].finish_reason = rollout_pb2.FINISH_REASON_ERROR
     pending = honest(_screen(), group, "external", T0, 0)
@@ -135,9 +144,9 @@ def test_verification_recomputes_rewards_and_drops_error_completions() -> None:
 def test_rejected_picks_are_replaced_and_dead_lettered_where_eager_would() -> None:
     screen = _screen()
     assembler = _assembler(screen, RoundMode.ASYNC, Mix(1, 2))
-    _pool(screen, assembler, [real_group(RECORDS[5], NODE)], "local")
+    _pool(screen, assembler, [_group(RECORDS[5], NODE)], "local")
     bad = [_tampered(6, "peer-1"), _claims_signal_has_none(7, "peer-2")]
-    _pool(screen, assembler, [*bad, real_group(RECORDS[8], "peer-3")], "external")
+    _pool(screen, assembler, [*bad, _group(RECORDS[8], "peer-3")], "external")
     # Three external groups count for J=2; verification rejects two, so the batch waits, as eager would.
     assert assembler.next_batch(T0, 0) is None
     discards = {d.entry.group_id: d for d in assembler.take_discards()}
@@ -151,7 +160,7 @@ def test_rejected_picks_are_replaced_and_dead_lettered_where_eager_would() -> No
     assert discards[bad[1].group_id].error is None  # no signal is a normal event: counted only
     [kept] = assembler.pool.entries("external")
     assert kept.scored.verified  # verified once, never again
-    _pool(screen, assembler, [real_group(RECORDS[9], "peer-4")], "external")
+    _pool(screen, assembler, [_group(RECORDS[9], "peer-4")], "external")
     batch = assembler.next_batch(T0, 0)
     assert batch is not None
     assert (len(batch.local), len(batch.external)) == (1, 2)
@@ -161,8 +170,8 @@ def test_rejected_picks_are_replaced_and_dead_lettered_where_eager_would() -> No
 def _deadline_run(verify: VerifyMode) -> list[tuple[int, int] | None]:
     screen = _screen(verify)
     assembler = _assembler(screen, RoundMode.DEADLINE, Mix(2, 2))
-    _pool(screen, assembler, [real_group(r, NODE) for r in RECORDS[10:13]], "local")
-    external = [real_group(RECORDS[13], "peer-1"), _claims_signal_has_none(14, "peer-2")]
+    _pool(screen, assembler, [_group(r, NODE) for r in RECORDS[10:13]], "local")
+    external = [_group(RECORDS[13], "peer-1"), _claims_signal_has_none(14, "peer-2")]
     for group in external:
         verdict = honest(screen, group, "external", T0, 0)
         if isinstance(verdict, Scored):
@@ -181,9 +190,9 @@ def test_deadline_fills_from_local_after_a_rejection_exactly_as_eager() -> None:
 def test_lockstep_replans_the_round_after_rejected_picks() -> None:
     screen = _screen()
     assembler = _assembler(screen, RoundMode.LOCKSTEP, Mix(2, 2))
-    _pool(screen, assembler, [real_group(r, NODE) for r in RECORDS[15:17]], "local")
+    _pool(screen, assembler, [_group(r, NODE) for r in RECORDS[15:17]], "local")
     tampered = _tampered(17, "peer-1")
-    _pool(screen, assembler, [tampered, real_group(RECORDS[18], "peer-2")], "external")
+    _pool(screen, assembler, [tampered, _group(RECORDS[18], "peer-2")], "external")
     batch = assembler.next_batch(T0, 0)
     assert batch is not None
     assert (len(batch.local), len(batch.external)) == (2, 1)
@@ -194,7 +203,7 @@ def test_lockstep_replans_the_round_after_rejected_picks() -> None:
 
 
 def test_unverified_groups_need_an_assembler_that_verifies() -> None:
-    pending = honest(_screen(), real_group(RECORDS[0], "peer-1"), "external", T0, 0)
+    pending = honest(_screen(), _group(RECORDS[0], "peer-1"), "external", T0, 0)
     assert isinstance(pending, Scored)
     cfg = assembly_config(
         mode=RoundMode.ASYNC, mix=Mix(1, 1), max_per_source=1, max_pool_groups=8, max_external_age_s=600.0
@@ -209,8 +218,8 @@ def test_honest_senders_get_the_same_batches_as_eager(mode: RoundMode) -> None:
     """Same pool, same seed: lazy picks exactly eager's groups (the walk draws no extra randomness),
     with the same rewards and advantages."""
     peers = [f"peer-{i % 5}" for i in range(15)]
-    external = [real_group(RECORDS[i], peer, (i % 2 == 0, True, False)) for i, peer in enumerate(peers)]
-    local = [real_group(r, NODE) for r in RECORDS[15:19]]
+    external = [_group(RECORDS[i], peer, (i % 2 == 0, True, False)) for i, peer in enumerate(peers)]
+    local = [_group(r, NODE) for r in RECORDS[15:19]]
     picks = {}
     for verify in VerifyMode:
         screen = _screen(verify)
