@@ -98,8 +98,8 @@ class Runtime:
         group = consumer_group(self.settings.topic_prefix, self.settings.node_id, role)
         config = conn.to_librdkafka() | self.settings.consumer.to_librdkafka(watch=watch)
         lag = self.transport.consumer_lag
-        separate = swarm and self.settings.swarm_kafka is not None  # else the swarm's cluster is the node's
-        brokers = self.transport.brokers_up.client("swarm" if separate else "node")
+        cluster = "swarm" if separate_swarm(self.settings, swarm) else "node"
+        brokers = self.transport.brokers_up.client(cluster)
         setting = bootstrap_setting(self.settings, swarm=swarm)
         if per_process:
             return KafkaReaderClient(
@@ -115,11 +115,16 @@ class Runtime:
         self.gate.close()
 
 
+def separate_swarm(settings: ServiceSettings, swarm: bool) -> bool:
+    """Whether a stream is on a swarm cluster of its own (`SWARM_KAFKA`), not the node's."""
+    return swarm and settings.swarm_kafka is not None
+
+
 def bootstrap_setting(settings: ServiceSettings, *, swarm: bool = False) -> str:
     """The variable a service's (or its swarm cluster's) `bootstrap.servers` comes from."""
     prefix = env_prefix(settings)
     own = f"{prefix}KAFKA__BOOTSTRAP_SERVERS"
-    return f"{prefix}SWARM_KAFKA__BOOTSTRAP_SERVERS" if swarm and settings.swarm_kafka is not None else own
+    return f"{prefix}SWARM_KAFKA__BOOTSTRAP_SERVERS" if separate_swarm(settings, swarm) else own
 
 
 def gate_waits(service: str, registry: CollectorRegistry) -> Histogram:
