@@ -493,3 +493,18 @@ def test_services_export_process_and_python_metrics(
         "sapo_sampler_messages_produced_total",
     ):
         assert re.search(rf"^{family}[{{ ]", text, re.MULTILINE), family
+
+
+def test_every_alert_wait_the_values_offer_is_the_wait_of_an_alert() -> None:
+    """Each `prometheusRule.thresholds.*For` is how long some alert's condition must hold (its `for`,
+    or the range its expression looks back over): a wait written into a rule as a constant would
+    ignore the value a team sets."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    waits = sorted(k for k in values["prometheusRule"]["thresholds"] if k.endswith("For"))
+    assert "generatorConfigsDivergeFor" in waits
+    chosen = {key: f"{101 + i}m" for i, key in enumerate(waits)}  # distinct, and no default's
+    sets = [f"prometheusRule.thresholds.{key}={wait}" for key, wait in chosen.items()]
+    (rule,) = of_kind(render(None, "prometheusRule.enabled=true", *sets), "PrometheusRule")
+    alerts = [r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    used = {a.get("for") for a in alerts} | {w for a in alerts for w in re.findall(r"\[(\w+)\]", a["expr"])}
+    assert {key: wait for key, wait in chosen.items() if wait not in used} == {}
