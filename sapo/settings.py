@@ -186,8 +186,8 @@ class ConsumerProfile(BaseModel):
         10_000,
         ge=0,
         le=3_600_000,
-        description="How often librdkafka's statistics refresh the consumer_lag_messages gauges (0: no "
-        "statistics, no lag gauges).",
+        description="How often librdkafka's statistics refresh the consumer_lag_messages and "
+        "kafka_brokers_up gauges (0: no statistics, neither gauge).",
     )
 
     @classmethod
