@@ -2,8 +2,8 @@
 
     sapo keys generate keys/node-0.key            # key pair (0600 private key, .pub beside it)
     sapo keys show keys/node-0.key                # key id and public key
-    sapo keys trust trust.yaml --node node-0 --key keys/node-0.pub      # add a node's key
-    sapo keys trust trust.yaml --admin keys/admin.pub                   # add a swarm admin key
+    sapo keys trust trust.yaml --node node-0 --key keys/node-0.key.pub  # add a node's key
+    sapo keys trust trust.yaml --admin keys/admin.key.pub               # add a swarm admin key
     sapo keys trust trust.yaml --remove KEY_ID [--revoke]               # retire or revoke a key
     sapo keys announce --bootstrap HOST:PORT --node node-0 --key new.key --previous old.key --overlap 3600
     sapo keys announce --bootstrap HOST:PORT --node node-9 --public-key node-9.key.pub --admin-key admin.key
