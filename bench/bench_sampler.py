@@ -265,7 +265,7 @@ class Sampler:
         now = time.time()
         node = header_str(record.headers, H_NODE)
         shed = self.assembler.sheds(node)  # as the service: no place for this peer, nothing else done
-        verdict = self._admit(record, now) if shed is None else shed
+        verdict = self._admit(record, now, node) if shed is None else shed
         self._count(verdict)
         reason = None if verdict == "pooled" else verdict
         self.accounts.screened("external", node, reason)
@@ -282,8 +282,10 @@ class Sampler:
         self.accounts.refused(reason)
         return Disposition.DONE
 
-    def _admit(self, record: Record, now: float) -> str:
-        sender = sender_of(record.headers, record.value, "external", node_id=RECEIVER, store=None, now_s=now)
+    def _admit(self, record: Record, now: float, node: str) -> str:
+        sender = sender_of(
+            record.headers, record.value, "external", node_id=RECEIVER, store=None, now_s=now, claimed=node
+        )
         assert isinstance(sender, Sender) and record.value is not None
         facts = arrival_facts(record.headers, "external", self.screen.cfg) if self.facts else None
         if facts is not None:  # as SamplerCore.admit_unread: no decoding on arrival

@@ -417,6 +417,7 @@ class SamplerService:
 
     def _admit(self, origin: Origin, record: Record) -> str | None:
         """Identify, decode and admit one live record; the reason it was not pooled."""
+        claimed = None
         if origin == "external" and (claimed := header_str(record.headers, H_NODE)):
             shed = self.core.sheds(claimed)  # load shedding before any work: `SamplerCore.sheds`
             if shed is not None:
@@ -434,18 +435,26 @@ class SamplerService:
         def admit_unread(unread: Unread, sender: Sender, now: float) -> str | None:
             return self.core.admit_unread(unread, record, now, sender)
 
-        return self._judge(origin, record, admit, admit_unread)
+        return self._judge(origin, record, admit, admit_unread, claimed)
 
     def _judge(
-        self, origin: Origin, record: Record, admit: Admit, admit_unread: AdmitUnread | None = None
+        self,
+        origin: Origin,
+        record: Record,
+        admit: Admit,
+        admit_unread: AdmitUnread | None = None,
+        claimed: str | None = None,
     ) -> str | None:
         """Identify (before decoding) and decode one record, then `admit` it and count the verdict per
         peer; the reason it was not taken. The one path of live and warm-start records. With
         `admit_unread` (live records), a lazy sampler admits a swarm record with a facts header
-        undecoded instead (`sapo.sampler.screen.arrival_facts`)."""
+        undecoded instead (`sapo.sampler.screen.arrival_facts`). `claimed`: its node header, when
+        already read (`sapo.sampler.sender.sender_of`)."""
         now = self._clock()
         node, gate = self._settings.node_id, self._identity
-        sender = sender_of(record.headers, record.value, origin, node_id=node, store=gate, now_s=now)
+        sender = sender_of(
+            record.headers, record.value, origin, node_id=node, store=gate, now_s=now, claimed=claimed
+        )
         if isinstance(sender, str):
             return sender
         peer = sender.node_id  # "" with identity off and no node header: the body names it

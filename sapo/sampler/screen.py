@@ -151,6 +151,8 @@ REASONS: Final[tuple[str, ...]] = tuple(
 MIN_COMPLETIONS: Final = 2
 """A group needs two scored completions for a group-relative advantage to mean anything."""
 _ERROR: Final = rollout_pb2.FINISH_REASON_ERROR
+_SCHEMA: Final = str(SCHEMA_VERSION).encode()
+"""The schema header of the one version this code reads (a header is compared undecoded)."""
 
 
 class VerifyMode(StrEnum):
@@ -240,15 +242,18 @@ def header_reason(headers: Mapping[str, bytes], origin: Origin, cfg: ScreenConfi
     These are the cheapest filters, run on claims nobody verified yet: a lying header only loses its
     own group here, and what a group is allowed to count for is decided after verification.
     """
-    if origin == "external" and header_str(headers, H_NODE) == cfg.node_id:
-        return "own_node"
-    task = header_str(headers, H_TASK)
-    # The node's own groups of a task it does not train on still complete its lock-step round, so they
-    # are decoded and refused by `Screen.check` after the round counted them.
-    if origin == "external" and task and cfg.accepted_tasks is not None and task not in cfg.accepted_tasks:
-        return "task_not_accepted"
-    schema = header_str(headers, H_SCHEMA)
-    if schema and schema != str(SCHEMA_VERSION):
+    # Runs on every record read: only what a verdict needs is decoded (the task only when one can be
+    # refused; the schema version compared as the bytes its one accepted value encodes to).
+    if origin == "external":
+        if header_str(headers, H_NODE) == cfg.node_id:
+            return "own_node"
+        # The node's own groups of a task it does not train on still complete its lock-step round, so
+        # they are decoded and refused by `Screen.check` after the round counted them.
+        accepted = cfg.accepted_tasks
+        if accepted is not None and (task := header_str(headers, H_TASK)) and task not in accepted:
+            return "task_not_accepted"
+    schema = headers.get(H_SCHEMA)
+    if schema and schema != _SCHEMA:
         return "schema_version"
     return None
 

@@ -48,12 +48,15 @@ def sender_of(
     node_id: str,
     store: Identifies | None,
     now_s: float,
+    claimed: str | None = None,
 ) -> Sender | str:
-    """The sender of a record, or the reason it is refused; raises InvalidMessageError when hostile."""
+    """The sender of a record, or the reason it is refused; raises InvalidMessageError when hostile.
+    `claimed` is its node header, when the caller read it already (a swarm record's is read first, to
+    shed it: `sapo.sampler.core.SamplerCore.sheds`)."""
     if origin == "local":
         return Sender(node_id)
     if store is None:
-        return _claimed(header_str(headers, H_NODE))
+        return _claimed(header_str(headers, H_NODE) if claimed is None else claimed)
     verdict = store.identify(headers, value or b"", now_s)
     if isinstance(verdict, Rejection):
         if verdict.hostile:

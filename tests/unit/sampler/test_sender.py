@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from sapo.identity import H_KEY_ID, H_SIGNATURE, NodeKey, Signer, TrustStore
+from sapo.identity import H_KEY_ID, H_SIGNATURE, NodeKey, Sender, Signer, TrustStore
 from sapo.identity.announce import add_statement, announcement
 from sapo.sampler import Scored, Screen, SeenGroups, parse, sender_of
 from sapo.sampler.screen import Origin
@@ -171,3 +171,14 @@ def test_without_identity_headers_and_body_must_still_agree() -> None:
     headers, value = sent(group("peer-1", 2), None)
     assert isinstance(receiver.receive(({k: v for k, v in headers.items() if k != H_NODE}, value)), Scored)
     assert receiver.arrivals == ["peer-1", "peer-1"]
+
+
+def test_without_identity_the_node_header_its_caller_read_is_the_sender() -> None:
+    headers, value = sent(group("peer-1"), None)
+
+    def sender(hs: Mapping[str, bytes], claimed: str | None = None) -> Sender | str:
+        return sender_of(hs, value, "external", node_id=NODE, store=None, now_s=time.time(), claimed=claimed)
+
+    assert sender(headers, "peer-1") == sender(headers) == Sender("peer-1")
+    no_node = {k: v for k, v in headers.items() if k != H_NODE}
+    assert sender(no_node, "") == sender(no_node) == Sender("")
