@@ -158,7 +158,8 @@ class Assembler(ABC, Generic[H]):
         where = place or self.place(scored.origin, scored.peer, scored.round)
         if isinstance(where, str):
             return where
-        evicted = self.pool.add(Entry(scored, handle, now_s), where)
+        # tuple.__new__ skips the named tuple's Python-level __new__: one per pooled group.
+        evicted = self.pool.add(tuple.__new__(Entry, (scored, handle, now_s)), where)
         if evicted is not None:
             self._discards.append(Discard(evicted, "evicted"))
         return None
@@ -224,6 +225,7 @@ class StreamingAssembler(Assembler[H]):
         self._local_ready_s: float | None = None
         self._local_screened = 0
         """Fresh local groups screened (with or without signal) since the last batch."""
+        self._min_local = cfg.mix.min_local  # read by every attempt: one after each pooled record
 
     def screened(self, origin: Origin) -> None:
         if origin == "local":
@@ -248,7 +250,7 @@ class StreamingAssembler(Assembler[H]):
     def _attempt(self, now_s: float, sequence: int) -> Assembly[H] | None:
         mix, pool = self.cfg.mix, self.pool
         local_n = pool.count("local")
-        if local_n < mix.min_local and not self._starved():  # what follows would say so, slower
+        if local_n < self._min_local and not self._starved():  # what follows would say so, slower
             self._local_ready_s = None
             return None
         external_n = usable_external(pool.peer_counts(), self.cfg.max_per_source, mix.total)

@@ -293,7 +293,8 @@ def unread_scored(unread: Unread, node: str) -> Scored:
     id, node and round its headers state, and the undecoded body for `Screen.verify`."""
     facts = unread.facts
     group = rollout_pb2.RolloutGroup(group_id=facts.group_id, node_id=node, round=facts.round)
-    return Scored(group, "external", (), (), facts.completed_s, False, unread)
+    # tuple.__new__ skips the named tuple's Python-level __new__: one per group a lazy sampler pools.
+    return tuple.__new__(Scored, (group, "external", (), (), facts.completed_s, False, unread))
 
 
 class Screen:
