@@ -46,10 +46,9 @@ class LoopCounter:
 
     def inc(self, *values: str) -> None:
         """Count one for the series of these label values."""
-        counts = self._counts
-        if values in counts:
-            counts[values] += 1
-        else:
+        try:  # one lookup and one store of the (unhashed) label tuple when the series exists
+            self._counts[values] += 1
+        except KeyError:
             self._declare(values, 1)
 
     def labels(self, *values: str) -> None:
