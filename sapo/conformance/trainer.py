@@ -7,7 +7,9 @@ and commits.
 3. Batch 0 again, and every kind of batch the trainer must refuse (undecodable, another node's, a
    group without a source, one from a fenced-out sampler's epoch), then batch 1 without groups (a
    lock-step round without signal): version 2 must be batch 1's, the duplicate trained never.
-Throughout, the trainer's committed offset must never pass a batch whose version is not announced.
+Throughout, the trainer's committed offset must never pass a batch whose version is not announced
+(watched while the kit waits for each version, and for a while after). A batch the trainer dead-letters
+instead of training ends the wait for its version, with the trainer's reason.
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ from sapo.conformance.common import (
 from sapo.conformance.observe import Committed, Tail
 from sapo.conformance.results import Results
 from sapo.kafka import Record
+from sapo.kafka.dlq import H_DETAIL, H_REASON, H_SOURCE
 from sapo.v1 import batch_pb2, policy_pb2, work_pb2
-from sapo.wire import MAX_BATCH_GROUPS, message_headers
+from sapo.wire import MAX_BATCH_GROUPS, header_str, message_headers
 
 SAMPLER_EPOCH = 1
 """The epoch the kit's batches carry, as a sampler holding the node's sampler lease would."""
@@ -87,26 +90,56 @@ class _Run:
         return material.batch(node, sequence, members, epoch=SAMPLER_EPOCH)
 
     def watch_commits(self, seconds: float) -> None:
-        """Observe the trainer's committed offset for `seconds`: each observation, every batch below
-        it must have its version announced (announcements are acknowledged before any commit, so one
-        made before the commit is readable once the policy topic is read to idle)."""
-        tp = (self.topics.batches, 0)
+        """Observe the trainer's committed offset for `seconds` (once at least)."""
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline and not self.commit_problems:
-            committed = self.commits.offsets([tp])[tp]
-            self.tail.pump(1.0)
-            self.commit_seen = max(self.commit_seen, committed)
-            announced = {u.batch_id for _, u in self.updates()}
-            early = [
-                bid
-                for bid, (_, _, offset) in self.sent.items()
-                if offset < committed and bid not in announced
-            ]
-            if early:
-                self.commit_problems.append(
-                    f"{self.t.group('trainer')} committed {tp[0]}/0 up to {committed} before batches {early} "
-                    "were in an announced version"
-                )
+        while True:
+            self.observe_commit()
+            if time.monotonic() >= deadline:
+                return
+
+    def observe_commit(self) -> None:
+        """One observation of the trainer's committed offset (about a second): every batch below it
+        must have its version announced (announcements are acknowledged before any commit, so one made
+        before the commit is readable once the policy topic is read to idle). The first problem is
+        kept."""
+        tp = (self.topics.batches, 0)
+        committed = self.commits.offsets([tp])[tp]
+        self.tail.pump(1.0)
+        self.commit_seen = max(self.commit_seen, committed)
+        announced = {u.batch_id for _, u in self.updates()}
+        early = [
+            bid for bid, (_, _, offset) in self.sent.items() if offset < committed and bid not in announced
+        ]
+        if early and not self.commit_problems:
+            self.commit_problems.append(
+                f"{self.t.group('trainer')} committed {tp[0]}/0 up to {committed} before batches {early} "
+                "were in an announced version"
+            )
+
+    def trained(
+        self, version: int, position: Position, timeout_s: float
+    ) -> tuple[tuple[Record, policy_pb2.PolicyUpdate] | None, str]:
+        """Version `version`, awaited while the trainer's commits are watched (a trainer that commits
+        a batch before its version is announced does so during this wait); or None and why not, early
+        when the trainer dead-letters the batch sent at `position` instead of training it."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            got = next((p for p in self.updates() if p[1].version == version), None)
+            if got is not None:
+                return got, ""
+            refused = self.dead_letter_of(position)
+            if refused is not None:
+                reason, detail = header_str(refused.headers, H_REASON), header_str(refused.headers, H_DETAIL)
+                return None, f"the trainer dead-lettered it as {reason!r}" + (f": {detail}" if detail else "")
+            if time.monotonic() >= deadline:
+                return None, f"none within {timeout_s:.0f} s"
+            self.observe_commit()
+
+    def dead_letter_of(self, position: Position) -> Record | None:
+        source = "/".join(map(str, position))
+        return next(
+            (r for r in self.tail.on(self.topics.dlq) if header_str(r.headers, H_SOURCE) == source), None
+        )
 
 
 def run(target: Target, results: Results) -> None:
@@ -134,16 +167,12 @@ def _scenario(run: _Run) -> None:
     _check_plan(run, 0)
 
     batch0 = run.batch(0, groups=2)
-    run.send_batch(batch0)
-    run.watch_commits(1.0)
-    got1 = run.update(1, t.timeout_s)
+    got1, why = run.trained(1, run.send_batch(batch0), t.timeout_s)
     if not run.r.add(
         "trains a batch into the next version",
         "§9.2",
         got1 is not None,
-        "version 1 announced after batch 0"
-        if got1
-        else f"no version 1 within {t.timeout_s:.0f} s of batch {batch0.batch_id}",
+        "version 1 announced after batch 0" if got1 else f"no version 1 for batch {batch0.batch_id}: {why}",
     ):
         return
     assert got1 is not None
@@ -153,15 +182,14 @@ def _scenario(run: _Run) -> None:
 
     dead = _send_refused(run, batch0)
     batch1 = run.batch(1, groups=0)
-    run.send_batch(batch1)
-    got2 = run.update(2, t.timeout_s)
+    got2, why = run.trained(2, run.send_batch(batch1), t.timeout_s)
     run.r.add(
         "keeps going after bad input",
         "§5.5",
         got2 is not None,
         "version 2 announced after the refused batches"
         if got2
-        else f"no version 2 within {t.timeout_s:.0f} s of batch {batch1.batch_id}",
+        else f"no version 2 for batch {batch1.batch_id}: {why}",
     )
     run.watch_commits(t.quiet_s)
     _check_versions(run, {1: batch0.batch_id, 2: batch1.batch_id})

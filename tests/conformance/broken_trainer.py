@@ -1,15 +1,22 @@
-"""Two broken trainers the conformance kit must fail (`python -m tests.conformance.broken_trainer MODE`):
+"""Broken trainers the conformance kit must fail (`python -m tests.conformance.broken_trainer MODE`):
 
 - `twice`: trains a re-delivered batch again (contract section 9.2), as a trainer without a ledger would.
 - `no-checkpoint`: announces versions whose checkpoint was never written (section 9.3).
+- `early-commit`: commits a batch as it arrives, before the version that trains it is announced
+  (section 5.4), as a trainer with auto-commit would.
+- `no-epochs`: finds no sampler epoch on the leases topic and so refuses every batch as
+  `epoch_beyond_leases` (section 6), as a trainer reading the wrong leases topic would.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sys
+import time
 
 from sapo.checkpoints import Written
+from sapo.kafka import Record
+from sapo.kafka.consumer import Disposition
 from sapo.node.trainer import TrainerService
 from sapo.runtime import configure, serve
 from sapo.trainer.settings import TrainerSettings
@@ -36,6 +43,35 @@ class UncheckpointedTrainer(TrainerService):
         super()._announce(written)
 
 
+class EarlyCommitTrainer(TrainerService):
+    COMMITTED_FOR_S = 3.0
+    """How long a batch stays committed before its version is announced: longer than the kit's
+    observations of the committed offset are apart."""
+
+    def handle(self, record: Record) -> Disposition:
+        client = self.loop._client  # behind the loop's back: the loop commits only finished records
+        client.store([(record.topic, record.partition, record.offset + 1)])
+        client.commit()
+        time.sleep(self.COMMITTED_FOR_S)
+        return super().handle(record)
+
+
+class EpochlessTrainer(TrainerService):
+    def start(self) -> None:
+        super().start()
+        assert self.lease is not None
+
+        def never(_epoch: int) -> bool:
+            return False
+
+        self.lease.vouches = never  # type: ignore[method-assign,assignment]
+
+
 if __name__ == "__main__":
-    broken = {"twice": TwiceTrainer, "no-checkpoint": UncheckpointedTrainer}[sys.argv[1]]
+    broken = {
+        "twice": TwiceTrainer,
+        "no-checkpoint": UncheckpointedTrainer,
+        "early-commit": EarlyCommitTrainer,
+        "no-epochs": EpochlessTrainer,
+    }[sys.argv[1]]
     raise SystemExit(serve("trainer", configure("trainer", TrainerSettings, argv=[]), broken.prepare))
