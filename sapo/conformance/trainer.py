@@ -1,8 +1,9 @@
-"""The trainer scenario: the kit plays the node's sampler (its batch topic) and reads what the trainer
-writes (policy announcements, checkpoints through their URLs, work items, dead letters, its lease)
-and commits.
+"""The trainer scenario: the kit plays the node's sampler (its lease and batch topic) and reads what the
+trainer writes (policy announcements, checkpoints through their URLs, work items, dead letters, its
+lease) and commits.
 
 1. On start: version 0 announced, its checkpoint readable and matching its digests; round 0 planned.
+   The kit takes the node's sampler lease; its batches carry that lease's epoch.
 2. Batch 0 (one local and one external group): version 1 announced for it, then round 1 planned.
 3. Batch 0 again, and every kind of batch the trainer must refuse (undecodable, another node's, a
    group without a source, one from a fenced-out sampler's epoch), then batch 1 without groups (a
@@ -33,11 +34,14 @@ from sapo.conformance.observe import Committed, Tail
 from sapo.conformance.results import Results
 from sapo.kafka import Record
 from sapo.kafka.dlq import H_DETAIL, H_REASON, H_SOURCE
-from sapo.v1 import batch_pb2, policy_pb2, work_pb2
-from sapo.wire import MAX_BATCH_GROUPS, header_str, message_headers
+from sapo.node.lease import owner_id
+from sapo.v1 import batch_pb2, lease_pb2, policy_pb2, work_pb2
+from sapo.wire import MAX_BATCH_GROUPS, SCHEMA_VERSION, header_str, message_headers
 
-SAMPLER_EPOCH = 1
-"""The epoch the kit's batches carry, as a sampler holding the node's sampler lease would."""
+SAMPLER_LEASE_TTL_S = 60.0
+"""The `ttl_s` of the sampler lease the kit takes and never renews: a trainer judges a batch's epoch by
+the leases topic's offsets, not by whether the lease is live, and a sampler started on the node after
+the kit takes the role within a minute."""
 
 
 class _Run:
@@ -53,10 +57,29 @@ class _Run:
         self.sent: dict[str, Position] = {}  # batch id -> where the valid (first) copy was sent
         self.commit_problems: list[str] = []
         self.commit_seen = -1
+        self.epoch = 0
+        """The epoch of the kit's sampler lease, which its batches carry (`take_sampler_lease`)."""
 
     def close(self) -> None:
         self.tail.close()
         self.commits.close()
+
+    def take_sampler_lease(self) -> None:
+        """Write an acquisition of the node's sampler lease, as the sampler the kit plays does before
+        its first batch (contract section 6): the kit's batches then carry an epoch the leases topic
+        vouches for, whatever the trainer under test wrote there (`epoch_beyond_leases`)."""
+        lease = lease_pb2.Lease(
+            schema_version=SCHEMA_VERSION,
+            node_id=self.t.node,
+            role="sampler",
+            owner=f"sapo-conformance/{owner_id()}",
+            ttl_s=SAMPLER_LEASE_TTL_S,
+        )
+        lease.renewed_at.GetCurrentTime()
+        value = lease.SerializeToString()
+        headers = message_headers("Lease", self.t.node, value)
+        _, _, offset = self.out.send(self.topics.leases, b"sampler", value, headers)
+        self.epoch = offset + 1
 
     def updates(self) -> list[tuple[Record, policy_pb2.PolicyUpdate]]:
         found = decoded(self.tail.on(self.topics.policy), policy_pb2.PolicyUpdate)
@@ -87,7 +110,7 @@ class _Run:
             )
             for s in sources
         ]
-        return material.batch(node, sequence, members, epoch=SAMPLER_EPOCH)
+        return material.batch(node, sequence, members, epoch=self.epoch)
 
     def watch_commits(self, seconds: float) -> None:
         """Observe the trainer's committed offset for `seconds` (once at least)."""
@@ -145,6 +168,7 @@ class _Run:
 def run(target: Target, results: Results) -> None:
     run = _Run(target, results)
     try:
+        run.take_sampler_lease()
         _scenario(run)
     finally:
         run.close()
@@ -286,7 +310,7 @@ def _send_refused(run: _Run, batch0: batch_pb2.TrainingBatch) -> list[Rejected]:
         dead.append(Rejected(position, key, value, reason, what))
 
     send(b"kit-junk", b"\x0a\xff\xff\xff", "undecodable", "undecodable batch")
-    foreign = material.batch("kit-other", 1, [], epoch=SAMPLER_EPOCH)
+    foreign = material.batch("kit-other", 1, [], epoch=run.epoch)
     send(foreign.batch_id.encode(), foreign.SerializeToString(), "wrong_node", "batch for another node")
     sourceless = run.batch(1, groups=1)
     sourceless.groups[0].source = batch_pb2.GROUP_SOURCE_UNSPECIFIED
@@ -305,7 +329,7 @@ def _send_refused(run: _Run, batch0: batch_pb2.TrainingBatch) -> list[Rejected]:
         f"batch of more than {MAX_BATCH_GROUPS} groups",
     )
     fenced = run.batch(1, groups=1)
-    fenced.epoch = SAMPLER_EPOCH - 1
+    fenced.epoch = run.epoch - 1
     send(
         fenced.batch_id.encode(), fenced.SerializeToString(), "fenced_batch", "batch of a fenced-out sampler"
     )

@@ -7,6 +7,7 @@ others call the kit's entry point in this process, which the command wraps.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -17,10 +18,15 @@ import pytest
 
 from sapo.conformance.cli import run_kit
 from sapo.conformance.common import GeneratorTarget
+from sapo.conformance.observe import Tail
 from sapo.conformance.results import Results, Status
 from sapo.identity import NodeKey
 from sapo.identity.keys import write_private
 from sapo.identity.trustlist import TrustList, build_store
+from sapo.kafka import Record
+from sapo.topics import TopicNames
+from sapo.v1 import batch_pb2, lease_pb2
+from sapo.wire import InvalidMessageError, decode
 from tests.conformance.launch import MODEL, NODE, QUESTIONS, ROOT, running, target
 
 pytestmark = pytest.mark.integration
@@ -97,6 +103,35 @@ def test_the_trainer_conforms(kafka_bootstrap: str, topic_prefix: str, tmp_path:
         results = run_kit(target("trainer", kafka_bootstrap, topic_prefix))
     assert results.passed, results.to_json() + (tmp_path / "log").read_text()[-3000:]
     assert len(results.checks) == 15
+    # The kit's batches carry the epoch of a sampler lease it took, as a real sampler's do.
+    epochs = _sampler_acquisitions(kafka_bootstrap, topic_prefix)
+    assert epochs and max(_batch_epochs(kafka_bootstrap, topic_prefix)) in epochs
+
+
+def _records(bootstrap: str, topic: str) -> list[Record]:
+    tail = Tail({"bootstrap.servers": bootstrap}, [topic], 10.0)
+    try:
+        tail.wait(lambda: tail.on(topic) or None, 10.0)
+        tail.pump(1.0)  # the rest, written before the first
+        return tail.on(topic)
+    finally:
+        tail.close()
+
+
+def _sampler_acquisitions(bootstrap: str, prefix: str) -> set[int]:
+    """The epochs of the sampler lease's acquisitions on the node's leases topic."""
+    records = _records(bootstrap, TopicNames.for_node(NODE, prefix).leases)
+    leases = [(r.offset, decode(lease_pb2.Lease, r.value, 1 << 16)) for r in records]
+    return {offset + 1 for offset, lease in leases if lease.role == "sampler" and lease.epoch == 0}
+
+
+def _batch_epochs(bootstrap: str, prefix: str) -> list[int]:
+    """The epochs of the node's batches that decode."""
+    epochs = []
+    for record in _records(bootstrap, TopicNames.for_node(NODE, prefix).batches):
+        with contextlib.suppress(InvalidMessageError):
+            epochs.append(decode(batch_pb2.TrainingBatch, record.value, 1 << 24).epoch)
+    return epochs
 
 
 @pytest.mark.parametrize(
