@@ -470,7 +470,8 @@ def read_manifest(uri: str, expected_sha256: str) -> tuple[Manifest, Location]:
     got = sha256_hex(data)
     if got != expected_sha256:
         raise CheckpointError(
-            "digest_mismatch", f"manifest digest mismatch for {uri}: {got} != {expected_sha256}"
+            "digest_mismatch",
+            f"manifest digest mismatch for {uri}: sha256 {got}, announced {expected_sha256}",
         )
     directory = Location(target.fs, target.path.rsplit("/", 1)[0])
     return Manifest.from_json(data), directory

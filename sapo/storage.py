@@ -292,7 +292,8 @@ def read_verified(directory: Location, entry: FileEntry, algorithm: str) -> byte
         raise read_error(target, exc) from None
     if got != entry.digest:
         raise CheckpointError(
-            "digest_mismatch", f"checkpoint file corrupt: {target.uri()} {algorithm} {got} != {entry.digest}"
+            "digest_mismatch",
+            f"checkpoint file corrupt: {target.uri()} has {algorithm} {got}, manifest says {entry.digest}",
         )
     return buffer
 

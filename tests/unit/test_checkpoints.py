@@ -141,6 +141,7 @@ def test_corruption_substitution_and_absence_are_told_apart(store_url: str) -> N
     with pytest.raises(CheckpointError, match="manifest digest mismatch") as wrong:
         read_manifest(written.manifest_uri, "0" * 64)
     assert wrong.value.reason == "digest_mismatch"
+    assert f"announced {'0' * 64}" in str(wrong.value)  # which digest was expected, which was read
     shard = written.manifest.weights[0]
     original = _files(written)[shard.name]
 
@@ -150,6 +151,7 @@ def test_corruption_substitution_and_absence_are_told_apart(store_url: str) -> N
     with pytest.raises(CheckpointError, match="corrupt") as corrupt:
         load_weights(written.manifest, written.directory)
     assert corrupt.value.reason == "digest_mismatch"
+    assert f"manifest says {shard.digest}" in str(corrupt.value)
 
     _put(written, shard.name, original[:-10])  # not fully visible yet (or torn): transient
     with pytest.raises(CheckpointError) as short:
