@@ -342,14 +342,12 @@ def _check_versions(run: _Run, expected: dict[int, str]) -> None:
         by_version.setdefault(update.version, set()).add(update.batch_id)
     trained = [bid for v, ids in sorted(by_version.items()) if v > 0 for bid in ids]
     problems = []
-    twice = sorted({bid for bid in trained if trained.count(bid) > 1})
-    if twice:
-        problems.append(
-            f"batch(es) {twice} trained into more than one version: {dict(sorted(by_version.items()))}"
-        )
-    wrong = {v: ids for v, ids in by_version.items() if v in expected and ids != {expected[v]}}
-    if wrong:
-        problems.append(f"versions {wrong}, expected {expected}")
+    for bid in sorted({bid for bid in trained if trained.count(bid) > 1}):
+        versions = ", ".join(str(v) for v, ids in sorted(by_version.items()) if v > 0 and bid in ids)
+        problems.append(f"batch {bid} trained into versions {versions}")
+    for version, ids in sorted(by_version.items()):
+        if version in expected and ids != {expected[version]}:
+            problems.append(f"version {version} trained {', '.join(sorted(ids))}, not {expected[version]}")
     run.r.add(
         "never trains a batch twice",
         "§9.2",

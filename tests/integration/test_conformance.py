@@ -137,7 +137,7 @@ def _batch_epochs(bootstrap: str, prefix: str) -> list[int]:
 @pytest.mark.parametrize(
     "case",
     [
-        Broken("twice", "never trains a batch twice", "trained into more than one version"),
+        Broken("twice", "never trains a batch twice", "trained into versions"),
         pytest.param(
             Broken("no-checkpoint", "version 1 is durable before it is announced", "cannot be read"),
             marks=pytest.mark.slow,
