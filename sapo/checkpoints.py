@@ -434,7 +434,7 @@ class CheckpointStore:
                 f"the state at {directory.uri()} belongs to other weights than its manifest",
             )
         (entry,) = record.files
-        return written, bytes(storage.read_verified(directory, entry, record.digest))
+        return written, bytes(storage.read_verified(directory, entry, record.digest, listed_in=STATE_RECORD))
 
 
 def _writer(tensors: Mapping[str, torch.Tensor]) -> Callable[[Hashing], None]:
@@ -483,7 +483,7 @@ def load_weights(manifest: Manifest, directory: Location, *, tied: bool = True) 
     fills them itself, and copying them again costs time)."""
     tensors: dict[str, torch.Tensor] = {}
     for entry in manifest.weights:
-        buffer = storage.read_verified(directory, entry, manifest.digest)
+        buffer = storage.read_verified(directory, entry, manifest.digest, listed_in=MANIFEST)
         try:
             tensors.update(parse_tensors(buffer))
         except TensorFileError as exc:

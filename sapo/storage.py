@@ -89,7 +89,7 @@ def refused_access(target: Location, exc: BaseException) -> bool:
 
 @dataclass(frozen=True)
 class FileEntry:
-    """One file of a checkpoint, as its manifest records it."""
+    """One file of a checkpoint, as its manifest (or a state record) records it."""
 
     name: str
     digest: str
@@ -278,14 +278,17 @@ def require_regular(path: str) -> None:
         raise CheckpointError("malformed", f"{Path(path).as_uri()} is not a regular file")
 
 
-def read_verified(directory: Location, entry: FileEntry, algorithm: str) -> bytearray | mmap.mmap:
-    """The file's bytes in a writable buffer, hashed as they are read and checked against `entry`."""
+def read_verified(
+    directory: Location, entry: FileEntry, algorithm: str, *, listed_in: str
+) -> bytearray | mmap.mmap:
+    """The file's bytes in a writable buffer, hashed as they are read and checked against `entry`, which
+    the file `listed_in` (of the same directory) records: a mismatch names it."""
     target = directory / entry.name
     try:
         if target.local:
-            buffer, got = _read_local(target.path, entry, algorithm)
+            buffer, got = _read_local(target.path, entry, algorithm, listed_in)
         else:
-            buffer, got = _read_remote(target, entry, algorithm)
+            buffer, got = _read_remote(target, entry, algorithm, listed_in)
     except CheckpointError:
         raise
     except Exception as exc:  # a remote store failing in its own way, a local I/O error
@@ -293,24 +296,26 @@ def read_verified(directory: Location, entry: FileEntry, algorithm: str) -> byte
     if got != entry.digest:
         raise CheckpointError(
             "digest_mismatch",
-            f"checkpoint file corrupt: {target.uri()} has {algorithm} {got}, manifest says {entry.digest}",
+            f"checkpoint file corrupt: {target.uri()} has {algorithm} {got}, {listed_in} says {entry.digest}",
         )
     return buffer
 
 
-def _check_size(uri: str, size: int, entry: FileEntry) -> None:
+def _check_size(uri: str, size: int, entry: FileEntry, listed_in: str) -> None:
     if size < entry.bytes:  # an object or NFS file not (fully) visible yet
         raise CheckpointError("missing", f"{uri} has {size} of its {entry.bytes} bytes so far")
     if size > entry.bytes:
-        raise CheckpointError("digest_mismatch", f"{uri} has {size} bytes, its manifest says {entry.bytes}")
+        raise CheckpointError("digest_mismatch", f"{uri} has {size} bytes, {listed_in} says {entry.bytes}")
 
 
-def _read_local(path: str, entry: FileEntry, algorithm: str) -> tuple[bytearray | mmap.mmap, str]:
+def _read_local(
+    path: str, entry: FileEntry, algorithm: str, listed_in: str
+) -> tuple[bytearray | mmap.mmap, str]:
     hasher = new_hasher(algorithm)
     require_regular(path)
     with open(path, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
-        _check_size(path, size, entry)
+        _check_size(path, size, entry, listed_in)
         if size == 0:
             return bytearray(), hasher.hexdigest()
         # Copy-on-write: writable for torch.frombuffer, and nothing we do reaches the file.
@@ -322,14 +327,14 @@ def _read_local(path: str, entry: FileEntry, algorithm: str) -> tuple[bytearray 
     return mapped, hasher.hexdigest()
 
 
-def _read_remote(target: Location, entry: FileEntry, algorithm: str) -> tuple[bytearray, str]:
+def _read_remote(target: Location, entry: FileEntry, algorithm: str, listed_in: str) -> tuple[bytearray, str]:
     # One request for the whole object: ranged reads cost a round trip each (and S3 emulators such as
     # moto re-read the whole object for every range).
     target.forget_listings()
     with target.fs.open(target.path, "rb") as fh:  # (s3fs: one GET; measured 2x faster than cat_file)
-        _check_size(target.uri(), int(fh.size), entry)
+        _check_size(target.uri(), int(fh.size), entry, listed_in)
         data = fh.read()
-    _check_size(target.uri(), len(data), entry)
+    _check_size(target.uri(), len(data), entry, listed_in)
     buffer = bytearray(data)  # writable, for torch.frombuffer
     del data
     hasher = new_hasher(algorithm)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 
 from sapo import storage
-from sapo.checkpoints import CheckpointError, read_manifest
+from sapo.checkpoints import MANIFEST, CheckpointError, read_manifest
 from sapo.conformance import material
 from sapo.conformance.common import (
     Position,
@@ -254,7 +254,7 @@ def _durable(update: policy_pb2.PolicyUpdate) -> tuple[bool, str]:
         if manifest.node_id != update.node_id or manifest.version != update.version:
             return False, f"{update.manifest_uri} describes {manifest.node_id} v{manifest.version}"
         for entry in manifest.weights:
-            storage.read_verified(directory, entry, manifest.digest)
+            storage.read_verified(directory, entry, manifest.digest, listed_in=MANIFEST)
     except (CheckpointError, OSError, ValueError) as exc:
         return False, f"the announced checkpoint {update.manifest_uri} cannot be read: {exc}"
     return True, f"manifest and {len(manifest.weights)} weight file(s) match their digests"

@@ -27,6 +27,7 @@ from sapo import storage
 from sapo.checkpoints import (
     MANIFEST,
     STATE_RECORD,
+    TRAINER_STATE,
     CheckpointError,
     CheckpointStore,
     Written,
@@ -151,7 +152,7 @@ def test_corruption_substitution_and_absence_are_told_apart(store_url: str) -> N
     with pytest.raises(CheckpointError, match="corrupt") as corrupt:
         load_weights(written.manifest, written.directory)
     assert corrupt.value.reason == "digest_mismatch"
-    assert f"manifest says {shard.digest}" in str(corrupt.value)
+    assert f"{MANIFEST} says {shard.digest}" in str(corrupt.value)
 
     _put(written, shard.name, original[:-10])  # not fully visible yet (or torn): transient
     with pytest.raises(CheckpointError) as short:
@@ -228,6 +229,22 @@ def test_a_state_is_visible_only_once_its_record_exists(store_url: str) -> None:
     assert STATE_RECORD in _files(written)
     loaded = store.load_state("n1")
     assert loaded is not None and loaded[1] == b"whole"
+
+
+def test_a_corrupt_trainer_state_names_the_state_record_as_what_lists_its_digest(store_url: str) -> None:
+    """The state file's digest and size come from state.json, not from the version's manifest."""
+    store = CheckpointStore(store_url)
+    written = store.publish("n1", 0, _state(0), base_model="tiny:0").written
+    assert written is not None
+    store.save_state("n1", 0, _bytes(b"whole"))
+    _put(written, TRAINER_STATE, b"WHOLE")
+    with pytest.raises(CheckpointError, match=f"{STATE_RECORD} says") as corrupt:
+        store.load_state("n1")
+    assert corrupt.value.reason == "digest_mismatch" and "manifest" not in str(corrupt.value)
+    _put(written, TRAINER_STATE, b"whole, and more")
+    with pytest.raises(CheckpointError, match=f"15 bytes, {STATE_RECORD} says 5") as longer:
+        store.load_state("n1")
+    assert longer.value.reason == "digest_mismatch"
 
 
 def test_format_1_checkpoints_are_refused_for_resume_with_what_to_do(tmp_path: Path) -> None:
