@@ -121,13 +121,15 @@ class _Run:
                 return
 
     def observe_commit(self) -> None:
-        """One observation of the trainer's committed offset (about a second): every batch below it
-        must have its version announced (announcements are acknowledged before any commit, so one made
-        before the commit is readable once the policy topic is read to idle). The first problem is
-        kept."""
+        """One observation of the trainer's committed offset (a second and one fetch wait): every batch
+        below it must have its version announced (announcements are acknowledged before any commit, so
+        one made before the commit is readable once the policy topic is read to idle). The first
+        problem is kept."""
         tp = (self.topics.batches, 0)
         committed = self.commits.offsets([tp])[tp]
-        self.tail.pump(1.0)
+        # A fetch in flight when the announcement was written may hold it until its wait ends (the
+        # embedded broker answers no sooner): read past that, or a correct commit would look early.
+        self.tail.pump(1.0 + self.t.fetch_wait_max_ms / 1000)
         self.commit_seen = max(self.commit_seen, committed)
         announced = {u.batch_id for _, u in self.updates()}
         early = [

@@ -8,6 +8,7 @@ others call the kit's entry point in this process, which the command wraps.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import subprocess
 import sys
@@ -15,7 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 
+from sapo.conformance import trainer as trainer_scenario
 from sapo.conformance.cli import run_kit
 from sapo.conformance.common import GeneratorTarget
 from sapo.conformance.observe import Tail
@@ -24,9 +27,9 @@ from sapo.identity import NodeKey
 from sapo.identity.keys import write_private
 from sapo.identity.trustlist import TrustList, build_store
 from sapo.kafka import Record
-from sapo.topics import TopicNames
-from sapo.v1 import batch_pb2, lease_pb2
-from sapo.wire import InvalidMessageError, decode
+from sapo.topics import TopicNames, ensure_topics
+from sapo.v1 import batch_pb2, lease_pb2, policy_pb2
+from sapo.wire import SCHEMA_VERSION, InvalidMessageError, decode, message_headers
 from tests.conformance.launch import MODEL, NODE, QUESTIONS, ROOT, running, target
 
 pytestmark = pytest.mark.integration
@@ -195,3 +198,38 @@ def test_a_broken_generator_fails(
     failed = _failed(results)
     assert check in failed, results.to_json() + log.read_text()[-3000:]
     assert reason in failed[check]
+
+
+def test_a_commit_made_after_its_announcement_is_never_taken_for_an_early_one(
+    kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """A fetch the kit has in flight when the trainer announces may hold the announcement for up to the
+    kit's fetch wait (the embedded broker answers a fetch only when its wait ends): an observation of
+    the commit that follows must read that long before it calls the commit early."""
+    fetch_wait_ms = 6000
+    kit = dataclasses.replace(
+        target("trainer", kafka_bootstrap, topic_prefix), fetch_wait_max_ms=fetch_wait_ms
+    )
+    topics = kit.topics
+    ensure_topics({"bootstrap.servers": kafka_bootstrap}, topics.specs(), timeout_s=30)
+    run = trainer_scenario._Run(kit, Results("trainer", NODE))
+    trainer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": kit.group("trainer")})
+    try:
+        # Just after a fetch returned: the next one is in flight, held for its wait.
+        run.out.send(topics.work, b"0/0", b"marker")
+        assert run.tail.wait(lambda: run.tail.on(topics.work) or None, 4 * fetch_wait_ms / 1000)
+        batch = run.batch(0, groups=0)
+        _, _, offset = run.send_batch(batch)
+        update = policy_pb2.PolicyUpdate(
+            schema_version=SCHEMA_VERSION, node_id=NODE, version=1, batch_id=batch.batch_id
+        )
+        value = update.SerializeToString()
+        run.out.send(topics.policy, NODE.encode(), value, message_headers("PolicyUpdate", NODE, value))
+        # As a conforming trainer does: the version is announced (acknowledged), then its batch committed.
+        trainer.commit(offsets=[TopicPartition(topics.batches, 0, offset + 1)], asynchronous=False)
+        run.observe_commit()
+        assert run.commit_seen == offset + 1
+        assert run.commit_problems == []
+    finally:
+        trainer.close()
+        run.close()
