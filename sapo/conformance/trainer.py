@@ -8,9 +8,10 @@ lease) and commits.
 3. Batch 0 again, and every kind of batch the trainer must refuse (undecodable, another node's, a
    group without a source, one from a fenced-out sampler's epoch), then batch 1 without groups (a
    lock-step round without signal): version 2 must be batch 1's, the duplicate trained never.
-Throughout, the trainer's committed offset must never pass a batch whose version is not announced
-(watched while the kit waits for each version, and for a while after). A batch the trainer dead-letters
-instead of training ends the wait for its version, with the trainer's reason.
+Throughout, the trainer's committed offset must never pass a batch whose version is not announced,
+unless the trainer dead-lettered it (watched while the kit waits for each version, and for a while
+after). A batch the trainer dead-letters instead of training ends the wait for its version, with the
+trainer's reason.
 """
 
 from __future__ import annotations
@@ -122,9 +123,9 @@ class _Run:
 
     def observe_commit(self) -> None:
         """One observation of the trainer's committed offset (a second and one fetch wait): every batch
-        below it must have its version announced (announcements are acknowledged before any commit, so
-        one made before the commit is readable once the policy topic is read to idle). The first
-        problem is kept."""
+        below it must have its version announced, or be dead-lettered (a refused batch is finished:
+        its refusal is judged on its own). Both are acknowledged before the commit, so they are
+        readable once the topics are read to idle. The first problem is kept."""
         tp = (self.topics.batches, 0)
         committed = self.commits.offsets([tp])[tp]
         # A fetch in flight when the announcement was written may hold it until its wait ends (the
@@ -132,8 +133,11 @@ class _Run:
         self.tail.pump(1.0 + self.t.fetch_wait_max_ms / 1000)
         self.commit_seen = max(self.commit_seen, committed)
         announced = {u.batch_id for _, u in self.updates()}
+        refused = {header_str(r.headers, H_SOURCE) for r in self.tail.on(self.topics.dlq)}
         early = [
-            bid for bid, (_, _, offset) in self.sent.items() if offset < committed and bid not in announced
+            bid
+            for bid, position in self.sent.items()
+            if position[2] < committed and bid not in announced and _source(position) not in refused
         ]
         if early and not self.commit_problems:
             self.commit_problems.append(
@@ -161,10 +165,15 @@ class _Run:
             self.observe_commit()
 
     def dead_letter_of(self, position: Position) -> Record | None:
-        source = "/".join(map(str, position))
+        source = _source(position)
         return next(
             (r for r in self.tail.on(self.topics.dlq) if header_str(r.headers, H_SOURCE) == source), None
         )
+
+
+def _source(position: Position) -> str:
+    """A dead letter's `sapo-dlq-source` for the message sent at `position`."""
+    return "/".join(map(str, position))
 
 
 def run(target: Target, results: Results) -> None:

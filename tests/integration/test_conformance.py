@@ -12,6 +12,7 @@ import dataclasses
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from sapo.identity import NodeKey
 from sapo.identity.keys import write_private
 from sapo.identity.trustlist import TrustList, build_store
 from sapo.kafka import Record
+from sapo.kafka.dlq import H_REASON, H_SOURCE
 from sapo.topics import TopicNames, ensure_topics
 from sapo.v1 import batch_pb2, lease_pb2, policy_pb2
 from sapo.wire import SCHEMA_VERSION, InvalidMessageError, decode, message_headers
@@ -200,6 +202,23 @@ def test_a_broken_generator_fails(
     assert reason in failed[check]
 
 
+@contextlib.contextmanager
+def _kit_and_trainer_group(
+    bootstrap: str, prefix: str, fetch_wait_ms: int
+) -> Iterator[tuple[trainer_scenario._Run, Consumer]]:
+    """The trainer scenario's observer over a fresh node's topics, and a client that commits as the
+    trainer's consumer group."""
+    kit = dataclasses.replace(target("trainer", bootstrap, prefix), fetch_wait_max_ms=fetch_wait_ms)
+    ensure_topics({"bootstrap.servers": bootstrap}, kit.topics.specs(), timeout_s=30)
+    run = trainer_scenario._Run(kit, Results("trainer", NODE))
+    trainer = Consumer({"bootstrap.servers": bootstrap, "group.id": kit.group("trainer")})
+    try:
+        yield run, trainer
+    finally:
+        trainer.close()
+        run.close()
+
+
 def test_a_commit_made_after_its_announcement_is_never_taken_for_an_early_one(
     kafka_bootstrap: str, topic_prefix: str
 ) -> None:
@@ -207,14 +226,8 @@ def test_a_commit_made_after_its_announcement_is_never_taken_for_an_early_one(
     kit's fetch wait (the embedded broker answers a fetch only when its wait ends): an observation of
     the commit that follows must read that long before it calls the commit early."""
     fetch_wait_ms = 6000
-    kit = dataclasses.replace(
-        target("trainer", kafka_bootstrap, topic_prefix), fetch_wait_max_ms=fetch_wait_ms
-    )
-    topics = kit.topics
-    ensure_topics({"bootstrap.servers": kafka_bootstrap}, topics.specs(), timeout_s=30)
-    run = trainer_scenario._Run(kit, Results("trainer", NODE))
-    trainer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": kit.group("trainer")})
-    try:
+    with _kit_and_trainer_group(kafka_bootstrap, topic_prefix, fetch_wait_ms) as (run, trainer):
+        topics = run.topics
         # Just after a fetch returned: the next one is in flight, held for its wait.
         run.out.send(topics.work, b"0/0", b"marker")
         assert run.tail.wait(lambda: run.tail.on(topics.work) or None, 4 * fetch_wait_ms / 1000)
@@ -230,6 +243,20 @@ def test_a_commit_made_after_its_announcement_is_never_taken_for_an_early_one(
         run.observe_commit()
         assert run.commit_seen == offset + 1
         assert run.commit_problems == []
-    finally:
-        trainer.close()
-        run.close()
+
+
+def test_a_batch_committed_once_dead_lettered_is_not_an_early_commit(
+    kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """Refusing a batch finishes it (contract section 5.5): committing past its dead letter is no
+    commit before a version, whatever the kit reports about the refusal itself."""
+    with _kit_and_trainer_group(kafka_bootstrap, topic_prefix, 50) as (run, trainer):
+        topics = run.topics
+        batch = run.batch(0, groups=0)
+        batch_topic, partition, offset = run.send_batch(batch)
+        source = f"{batch_topic}/{partition}/{offset}".encode()
+        run.out.send(topics.dlq, batch.batch_id.encode(), b"", [(H_REASON, b"x"), (H_SOURCE, source)])
+        trainer.commit(offsets=[TopicPartition(topics.batches, 0, offset + 1)], asynchronous=False)
+        run.observe_commit()
+        assert run.commit_seen == offset + 1
+        assert run.commit_problems == []
