@@ -46,7 +46,7 @@ class LoopCounter:
 
     def inc(self, *values: str) -> None:
         """Count one for the series of these label values."""
-        try:  # one lookup and one store of the (unhashed) label tuple when the series exists
+        try:  # one lookup and one store of the label tuple when the series exists
             self._counts[values] += 1
         except KeyError:
             self._declare(values, 1)

@@ -5,12 +5,14 @@ content (`sapo-generator-config`, `sapo.generator.fingerprint`). The node's repl
 and after a failover two of them may publish the same group id: with other settings, other content
 under one id. More than one fingerprint within the window therefore means replicas that differ:
 expected while a rolling update runs old and new side by side, a fault when it lasts (the alert
-SapoGeneratorConfigsDiverge waits 15 minutes). Nothing is refused for it.
+SapoGeneratorConfigsDiverge waits the chart's `generatorConfigsDivergeFor`, 15 minutes by default).
+Nothing is refused for it.
 
 The window is `WINDOW_S` of the sampler's clock, from each fingerprint's latest group: a replica that
-stopped (the old side of a finished rollout) leaves the count 5 minutes after its last group, so
-a rollout of up to 10 minutes passes without the alert. A replica whose groups come further apart
-than the window (lock-step rounds slower than 5 minutes) is counted only around its groups.
+stopped (the old side of a finished rollout) leaves the count 5 minutes after its last group, so a
+rollout 5 minutes shorter than the alert's wait (10 minutes at the default) passes without it. A
+replica whose groups come further apart than the window (lock-step rounds slower than 5 minutes) is
+counted only around its groups.
 Memory is bounded: at most `MAX_CONFIGS` fingerprints are kept, the least recently seen goes first.
 """
 
