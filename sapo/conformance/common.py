@@ -3,6 +3,7 @@ checks every service answers the same way (headers, leases, dead letters)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -15,7 +16,7 @@ from sapo.identity import TrustStore
 from sapo.inspect.render import topic_label
 from sapo.kafka import KafkaPublisher, Record
 from sapo.kafka.dlq import H_DETAIL, H_REASON, H_SERVICE, H_SOURCE
-from sapo.node.lease import Holder, fold
+from sapo.node.lease import RENEWED_AHEAD, Holder, fold, lease_problem
 from sapo.runtime import consumer_group
 from sapo.topics import TopicNames
 from sapo.v1 import lease_pb2
@@ -118,29 +119,56 @@ def decoded(records: Sequence[Record], cls: type[M]) -> list[tuple[Record, M | N
 
 def header_problem(record: Record, msg_type: str, node: str) -> str | None:
     """What is wrong with a record's routing headers (contract section 3.1), or None."""
+    if record.unreadable:  # its headers were not kept: name why, not the headers that look missing
+        return f"{_where(record)}: {record.unreadable}"
     expected = {H_TYPE: msg_type, H_NODE: node, H_SCHEMA: str(SCHEMA_VERSION)}
     for name, value in expected.items():
         got = header_str(record.headers, name)
         if got != value:
-            where = f"{topic_label(record.topic)}/{record.partition}/{record.offset}"
-            return f"{where}: header {name}={got!r}, expected {value!r}"
+            return f"{_where(record)}: header {name}={got!r}, expected {value!r}"
     return None
 
 
-def lease_holder(tail: Tail, topics: TopicNames, role: str) -> Holder | None:
-    """The current holder of a role's lease as the leases topic says (contract section 6)."""
+def _where(record: Record) -> str:
+    return f"{topic_label(record.topic)}/{record.partition}/{record.offset}"
+
+
+def lease_holder(tail: Tail, topics: TopicNames, role: str) -> tuple[Holder | None, list[str]]:
+    """The current holder of a role's lease as the leases topic says (contract section 6), folded as
+    the services' lease readers fold it, and what is wrong with the role's records: their routing
+    headers, and the bounds a reader refuses a record for (`sapo.node.lease.lease_problem`; a record
+    renewed ahead of this clock still counts for its epoch, never as live)."""
     holder: Holder | None = None
+    problems: list[str] = []
+    now_s = time.time()
     for record, lease in decoded(tail.on(topics.leases), lease_pb2.Lease):
-        if lease is not None and lease.role == role and lease.node_id == topics.node_id:
-            holder = fold(holder, lease, record.offset)
-    return holder
+        if lease is None or lease.role != role or lease.node_id != topics.node_id:
+            continue
+        if (routing := header_problem(record, "Lease", topics.node_id)) is not None:
+            problems.append(routing)
+            if record.unreadable:  # a reader refuses it whole (`bad_header`)
+                continue
+        refused = lease_problem(lease, record.offset, now_s)
+        if refused is not None:
+            problems.append(f"{_where(record)}: {refused}")
+            if refused.reason != RENEWED_AHEAD:
+                continue
+        holder = fold(holder, lease, record.offset, clock_trusted=refused is None)
+    return holder, problems
 
 
 def check_lease(
     results: Results, tail: Tail, topics: TopicNames, role: str, epochs: Mapping[str, int]
 ) -> None:
-    """The role's lease is held, and every write named in `epochs` carries its epoch."""
-    holder = lease_holder(tail, topics, role)
+    """The role's lease records are valid, the lease is held, and every write named in `epochs`
+    carries its epoch."""
+    holder, problems = lease_holder(tail, topics, role)
+    results.add(
+        f"writes valid {role} lease records",
+        "§6",
+        not problems,
+        "; ".join(problems) or "routing headers and ttl, epoch and renewal time within a reader's bounds",
+    )
     if holder is None:
         results.add(f"holds the {role} lease", "§6", False, f"no {role} lease record on {topics.leases}")
         return

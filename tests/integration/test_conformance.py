@@ -21,7 +21,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from sapo.conformance import trainer as trainer_scenario
 from sapo.conformance.cli import run_kit
-from sapo.conformance.common import GeneratorTarget
+from sapo.conformance.common import GeneratorTarget, check_lease
 from sapo.conformance.observe import Tail
 from sapo.conformance.results import Results, Status
 from sapo.identity import NodeKey
@@ -33,6 +33,7 @@ from sapo.topics import TopicNames, ensure_topics
 from sapo.v1 import batch_pb2, lease_pb2, policy_pb2
 from sapo.wire import SCHEMA_VERSION, InvalidMessageError, decode, message_headers
 from tests.conformance.launch import MODEL, NODE, QUESTIONS, ROOT, running, target
+from tests.integration.raw_producer import produce_raw
 
 pytestmark = pytest.mark.integration
 
@@ -87,7 +88,7 @@ def test_the_sampler_conforms_and_one_that_commits_pooled_groups_does_not(
     with running("sampler", "services.sampler.main", kafka_bootstrap, topic_prefix, tmp_path / "good.log"):
         good = _kit_cli(kafka_bootstrap, topic_prefix, "sampler")
     assert good.returncode == 0, good.stdout + good.stderr + (tmp_path / "good.log").read_text()[-3000:]
-    assert "sampler node-under-test: conformant (17 passed, 0 failed, 0 skipped)" in good.stdout
+    assert "sampler node-under-test: conformant (18 passed, 0 failed, 0 skipped)" in good.stdout
     assert "refuses what it must" in good.stdout and "§8.2" in good.stdout
 
     prefix = topic_prefix + ".broken"
@@ -97,7 +98,7 @@ def test_the_sampler_conforms_and_one_that_commits_pooled_groups_does_not(
     assert bad.returncode == 1, bad.stdout + bad.stderr
     [line] = [line for line in bad.stdout.splitlines() if "commits only finished input" in line]
     assert "FAIL" in line and "§5.3" in line and "was pooled and in no batch" in bad.stdout
-    assert "NOT conformant (16 passed, 1 failed" in bad.stdout
+    assert "NOT conformant (17 passed, 1 failed" in bad.stdout
 
 
 def test_the_trainer_conforms(kafka_bootstrap: str, topic_prefix: str, tmp_path: Path) -> None:
@@ -107,7 +108,7 @@ def test_the_trainer_conforms(kafka_bootstrap: str, topic_prefix: str, tmp_path:
     ):
         results = run_kit(target("trainer", kafka_bootstrap, topic_prefix))
     assert results.passed, results.to_json() + (tmp_path / "log").read_text()[-3000:]
-    assert len(results.checks) == 15
+    assert len(results.checks) == 16
     # The kit's batches carry the epoch of a sampler lease it took, as a real sampler's do.
     epochs = _sampler_acquisitions(kafka_bootstrap, topic_prefix)
     assert epochs and max(_batch_epochs(kafka_bootstrap, topic_prefix)) in epochs
@@ -260,3 +261,36 @@ def test_a_batch_committed_once_dead_lettered_is_not_an_early_commit(
         run.observe_commit()
         assert run.commit_seen == offset + 1
         assert run.commit_problems == []
+
+
+def test_lease_records_a_reader_refuses_fail_the_lease_check_and_hold_nothing(
+    kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """A trainer's lease records that the services' readers refuse (a ttl out of bounds, an epoch ahead
+    of its own record, a header name that is not UTF-8) fail the kit's lease check, each named, and
+    are folded as those readers fold them: not at all."""
+
+    def lease(**fields: float) -> bytes:
+        record = lease_pb2.Lease(
+            schema_version=SCHEMA_VERSION, node_id=NODE, role="trainer", owner="t-1", ttl_s=30.0
+        )
+        for name, value in fields.items():
+            setattr(record, name, value)
+        record.renewed_at.GetCurrentTime()
+        return record.SerializeToString()
+
+    with _kit_and_trainer_group(kafka_bootstrap, topic_prefix, 50) as (run, _trainer):
+        leases = run.topics.leases
+        for value in (lease(), lease(ttl_s=float("inf"), epoch=1), lease(epoch=99)):  # offsets 0, 1, 2
+            run.out.send(leases, b"trainer", value, message_headers("Lease", NODE, value))
+        produce_raw(kafka_bootstrap, leases, b"trainer", lease(epoch=4), [(b"\xff\xfe", b"1")])
+        run.tail.wait(lambda: len(run.tail.on(leases)) == 4, 20.0)
+        results = Results("trainer", NODE)
+        check_lease(results, run.tail, run.topics, "trainer", {"version 1": 1})
+    failed = _failed(results)
+    assert list(failed) == ["writes valid trainer lease records"], results.to_json()
+    detail = failed["writes valid trainer lease records"]
+    assert all(f"/0/{offset}: " in detail for offset in (1, 2, 3)), detail
+    assert "lease_ttl_out_of_range" in detail and "lease_epoch_ahead" in detail and "not UTF-8" in detail
+    held = next(c for c in results.checks if c.name == "holds the trainer lease")
+    assert "epoch 1 held by t-1" in held.detail
