@@ -220,6 +220,15 @@ def _kit_and_trainer_group(
         run.close()
 
 
+def _commit_and_observe(run: trainer_scenario._Run, trainer: Consumer, offset: int) -> None:
+    """Commit the batch topic past `offset` as the trainer's group, and expect the kit to see that
+    commit and call it no early one."""
+    trainer.commit(offsets=[TopicPartition(run.topics.batches, 0, offset + 1)], asynchronous=False)
+    run.observe_commit()
+    assert run.commit_seen == offset + 1
+    assert run.commit_problems == []
+
+
 def test_a_commit_made_after_its_announcement_is_never_taken_for_an_early_one(
     kafka_bootstrap: str, topic_prefix: str
 ) -> None:
@@ -240,10 +249,7 @@ def test_a_commit_made_after_its_announcement_is_never_taken_for_an_early_one(
         value = update.SerializeToString()
         run.out.send(topics.policy, NODE.encode(), value, message_headers("PolicyUpdate", NODE, value))
         # As a conforming trainer does: the version is announced (acknowledged), then its batch committed.
-        trainer.commit(offsets=[TopicPartition(topics.batches, 0, offset + 1)], asynchronous=False)
-        run.observe_commit()
-        assert run.commit_seen == offset + 1
-        assert run.commit_problems == []
+        _commit_and_observe(run, trainer, offset)
 
 
 def test_a_batch_committed_once_dead_lettered_is_not_an_early_commit(
@@ -257,10 +263,7 @@ def test_a_batch_committed_once_dead_lettered_is_not_an_early_commit(
         batch_topic, partition, offset = run.send_batch(batch)
         source = f"{batch_topic}/{partition}/{offset}".encode()
         run.out.send(topics.dlq, batch.batch_id.encode(), b"", [(H_REASON, b"x"), (H_SOURCE, source)])
-        trainer.commit(offsets=[TopicPartition(topics.batches, 0, offset + 1)], asynchronous=False)
-        run.observe_commit()
-        assert run.commit_seen == offset + 1
-        assert run.commit_problems == []
+        _commit_and_observe(run, trainer, offset)
 
 
 def test_lease_records_a_reader_refuses_fail_the_lease_check_and_hold_nothing(
