@@ -458,6 +458,11 @@ BROKER_LISTS = (
     "a.b-c_d.svc.cluster.local:1,10.0.0.1:65535,[::1]:9093",
     "SASL_SSL://lab-kafka-bootstrap.kafka:9093",
     "b-1.msk.abc123.c2.kafka.us-east-1.amazonaws.com.:9098,[::ffff:10.0.0.1]:9092,[fe80::1:2]:1",
+    # Read as the services read a list: entries trimmed, empty ones skipped.
+    "a:9092, b:9093",
+    " kafka:9092 ",
+    "kafka:9092,",
+    "kafka:9092,,x:1",
     "kafka:99999",
     "kafka:65536",
     "kafka:0",
@@ -465,8 +470,7 @@ BROKER_LISTS = (
     "kafka:9092/",
     "b\u00fccher.example:9092",
     "[kafka]:9092",
-    "kafka:9092,",
-    "kafka:9092,,x:1",
+    "kafka:9092, x",
     "kafka",  # the services take port 9092; the chart wants it named
     "kafka:09092",  # so do they 9092; the chart wants no leading zero
     "kafka..svc:9092",
@@ -500,12 +504,12 @@ def test_the_chart_takes_no_broker_list_the_services_refuse(field: str) -> None:
     ]
     for value in taken:
         broker_addresses(value)  # raises for a list the services refuse
-    assert taken == list(BROKER_LISTS[:4])
+    assert taken == list(BROKER_LISTS[:8])
 
 
 @pytest.mark.parametrize(
     ("field", "value", "entry"),
-    [("kafka", "kafka", "kafka"), ("kafka", "a:9092,b:99999", "b:99999"), ("swarmKafka", "s:9092,", "")],
+    [("kafka", "kafka", "kafka"), ("kafka", "a:9092, b:99999", "b:99999"), ("swarmKafka", "s:9092,s", "s")],
 )
 def test_a_wrong_broker_list_is_named_with_the_form_expected(field: str, value: str, entry: str) -> None:
     """The refusal names the value, the entry at fault and the form wanted, in one line: not the
@@ -515,6 +519,22 @@ def test_a_wrong_broker_list_is_named_with_the_form_expected(field: str, value: 
     assert f'{field}.bootstrapServers="{value}": "{entry}" is not a broker address' in error, stderr
     assert "expected host:port[,host:port...]" in error
     assert len(stderr) < 400 and "[0-9]" not in stderr, stderr
+
+
+@pytest.mark.parametrize("value", [",", " , "])
+def test_a_broker_list_of_no_broker_is_refused(value: str) -> None:
+    """A list of nothing but commas and spaces passes `required` but names no broker: the services
+    would refuse it at start."""
+    error = broker_list_error("kafka", value)
+    assert f'kafka.bootstrapServers="{value}" names no broker' in error, error
+
+
+def test_the_network_policy_opens_the_port_of_every_broker_of_a_spaced_list() -> None:
+    """Each entry's port is read from the trimmed entry, so a space after a comma loses no port."""
+    docs = render(None, "kafka.bootstrapServers=a:9092\\, b:9096 ", "networkPolicy.enabled=true")
+    [policy] = of_kind(docs, "NetworkPolicy")
+    ports = {p["port"] for rule in policy["spec"]["egress"] for p in rule.get("ports", [])}
+    assert {9092, 9096} <= ports, ports
 
 
 def test_settings_at_their_bounds_or_given_as_text_install(tmp_path: Path) -> None:

@@ -192,7 +192,17 @@ form expected; an empty list is left to `required`. Call with (dict "name" "kafk
 {{- $ctx := . }}
 {{- $address := include "sapo-node.brokerPattern" . }}
 {{- with .conn.bootstrapServers }}
-{{- range $broker := splitList "," . }}
+{{- /* As the services read the list: each entry trimmed, empty ones (a trailing comma) skipped. */}}
+{{- $brokers := list }}
+{{- range $item := splitList "," . }}
+{{- with trim $item }}
+{{- $brokers = append $brokers . }}
+{{- end }}
+{{- end }}
+{{- if not $brokers }}
+{{- fail (printf "%s.bootstrapServers=%q names no broker; expected host:port[,host:port...]" $ctx.name $ctx.conn.bootstrapServers) }}
+{{- end }}
+{{- range $broker := $brokers }}
 {{- if not (regexMatch $address $broker) }}
 {{- fail (printf "%s.bootstrapServers=%q: %q is not a broker address; expected host:port[,host:port...] (port 1-65535, an IPv6 host in brackets as [::1]:9092, optionally the securityProtocol's scheme first as SASL_SSL://host:port)" $ctx.name $ctx.conn.bootstrapServers $broker) }}
 {{- end }}
