@@ -2,12 +2,14 @@
 and labels every series with the node, each alert is named, graded and has a runbook section, topics
 match the node's topic names; the alert rules through `promtool check rules` and the unit tests in
 deploy/prometheus/sapo-node.test.yaml; the Grafana dashboard; every metric the alerts and the
-dashboard query is declared by the services. Field-level validation against the operators' schemas
-is in test_crds.py.
+dashboard query, and every metric the docs name, is declared by the services. Field-level validation
+against the operators' schemas is in test_crds.py; the queries' labels and label values against a
+real swarm's /metrics in tests/integration/test_chart_queries.py.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -21,6 +23,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from sapo.kafka.metrics import TransportMetrics
+from sapo.node.identity import IdentityMetrics
 from sapo.node.lease import LeaseMetrics
 from sapo.node.metrics import GeneratorMetrics, SamplerMetrics, TrainerMetrics
 from sapo.runtime import gate_waits
@@ -404,7 +407,8 @@ def queried_metrics() -> dict[str, set[str]]:
 
 def service_registry(service: str) -> CollectorRegistry:
     """A registry after the transport metrics and the service's own metrics are built, the compute
-    gate's where the launcher gives the service one, and the lease's of the single writers."""
+    gate's where the launcher gives the service one, the lease's of the single writers, and the
+    sampler's key announcements (identity on)."""
     registry = CollectorRegistry()
     TransportMetrics(registry, service)
     if service in GATED:
@@ -415,6 +419,7 @@ def service_registry(service: str) -> CollectorRegistry:
         GeneratorMetrics(registry, ())
     elif service == "sampler":
         SamplerMetrics(registry)
+        IdentityMetrics(registry, service)
     else:
         TrainerMetrics(registry)
     return registry
@@ -462,6 +467,38 @@ def test_alerts_and_dashboard_query_declared_metrics() -> None:
     for service, queried in queried_metrics().items():
         unknown = sorted(queried - declared_metrics(service))
         assert not unknown, f"{service}: queried but never declared: {unknown}"
+
+
+DOCS = (ROOT / "README.md", README, *sorted((ROOT / "docs").glob("*.md")))
+DOC_METRIC = re.compile(r"\bsapo_(?:[a-z0-9_<>]|\{[a-z0-9_,]+\}(?=[a-z0-9_]))+")
+"""A metric name in the docs: `<service>` for whichever services have it, `{a,b}` for each of a and b."""
+
+
+def documented_metrics() -> Iterator[tuple[str, str, list[str]]]:
+    """(doc, name as written, each name it stands for) of every metric a doc names in code spans; the
+    `sapo_node` label and prefixes (`sapo_<service>_`) are not metrics."""
+    for doc in DOCS:
+        for span in re.findall(r"`([^`\n]+)`", doc.read_text()):
+            for written in DOC_METRIC.findall(span):
+                if written == "sapo_node" or written.endswith("_"):
+                    continue
+                parts = re.split(r"\{([^}]*)\}", written)
+                choices = [part.split(",") if i % 2 else [part] for i, part in enumerate(parts)]
+                for name in ("".join(combo) for combo in itertools.product(*choices)):
+                    yield doc.name, written, [name.replace("<service>", s) for s in SERVICES]
+
+
+def test_docs_name_metrics_the_services_declare() -> None:
+    """A name the docs give an operator to look up is one a service exposes: `_total` on counters, a
+    histogram by its family or a series; a `<service>` name is exposed by at least one service."""
+    exposed = set()
+    for service in SERVICES:
+        exposed |= declared_metrics(service)
+        exposed |= {f.name for f in service_registry(service).collect() if f.type == "histogram"}
+    named = list(documented_metrics())
+    assert len(named) > 20, "the docs name fewer metrics than they did: DOC_METRIC is out of date"
+    unknown = sorted({(doc, written) for doc, written, names in named if not exposed & set(names)})
+    assert not unknown, f"metrics the docs name that no service declares: {unknown}"
 
 
 @pytest.mark.integration
