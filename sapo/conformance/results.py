@@ -74,8 +74,12 @@ class Results:
         )
 
     def print(self, console: Console) -> None:
-        console.print(self.table())
-        console.print(self.summary())
+        """The table and the summary, each line ending with its content: rich pads every row to the
+        table's width, which one long detail widens to the console's (240 columns into a pipe)."""
+        with console.capture() as capture:
+            console.print(self.table())
+            console.print(self.summary())
+        console.file.write("".join(f"{line.rstrip()}\n" for line in capture.get().splitlines()))
 
     def to_json(self) -> str:
         return json.dumps({"service": self.service, "node": self.node, "passed": self.passed,

@@ -1,5 +1,6 @@
 """`sapo conformance` arguments: a bad value names the flag that gave it, and `--timeout` bounds the
-kit's metadata requests too. No broker: the kit's topic reader is a fake that records its timeout."""
+kit's metadata requests too; its table fits its content. No broker: the kit's topic reader is a fake
+that records its timeout, or the kit itself a stub that returns verdicts."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from typing import NoReturn
 import pytest
 
 from sapo.cli import main
+from sapo.conformance import cli as conformance_cli
 from sapo.conformance import observe
+from sapo.conformance.common import GeneratorTarget, Target
+from sapo.conformance.results import Results
 from sapo.inspect.reader import InspectError
 
 pytestmark = pytest.mark.unit
@@ -74,3 +78,25 @@ def test_the_generator_kit_s_flags_are_usage_errors_before_it_starts(
     assert main([*kit, *(f.format(tmp=tmp_path) for f in flags)]) == 2
     assert said.format(tmp=tmp_path) in caplog.text
     assert "driving the generator" not in caplog.text
+
+
+def test_the_table_into_a_pipe_ends_each_line_with_its_content(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One long detail widens the table to the whole pipe width (240 columns); rich padded every other
+    row to it."""
+
+    def verdicts(target: Target, generator_target: GeneratorTarget | None = None) -> Results:
+        results = Results(target.service, target.node)
+        results.add("refuses what it must", "§8.2", True, "12 reasons")
+        results.add("commits only finished input", "§5.3", False, "group g was pooled " * 30)
+        return results
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setattr(conformance_cli, "run_kit", verdicts)
+    assert main(KIT) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert [line for line in lines if line != line.rstrip()] == []
+    assert max(map(len, lines)) > 200  # the long detail is there, folded to the pipe's width
+    [row] = [line for line in lines if "refuses what it must" in line]
+    assert row.endswith("12 reasons")
