@@ -67,7 +67,9 @@ OFFSET_QUERY_TIMEOUT_S = 30.0
 
 
 def checked_batch(record: Record, node_id: str, max_bytes: int) -> batch_pb2.TrainingBatch:
-    """Decode and validate one batch. A batch without groups is valid: it advances the version."""
+    """Decode and validate one batch. A batch without groups is valid: it advances the version. Its
+    node is the one its body names: nothing here acts on the routing headers, so they are not compared
+    (docs/contract.md section 3.1)."""
     batch = decode(batch_pb2.TrainingBatch, record.value, max_bytes)
     problem = validate_batch(batch)
     if problem is not None:

@@ -27,6 +27,7 @@ from sapo.settings import ConfigError
 from sapo.topics import TopicNames
 from sapo.trainer.settings import TrainerSettings
 from sapo.v1 import batch_pb2, policy_pb2, question_pb2
+from sapo.wire import message_headers
 from tests.unit.trainer import builders as b
 
 pytestmark = pytest.mark.unit
@@ -251,6 +252,25 @@ def test_bad_batches_are_dead_lettered_and_training_goes_on(tmp_path: Path) -> N
     assert reasons == [b"undecodable", b"wrong_node"]
     assert service.trainer.version == 1
     assert registry.get_sample_value("sapo_trainer_messages_rejected_total", {"reason": "wrong_node"}) == 1
+
+
+def test_a_batch_is_judged_by_the_node_its_body_names_not_its_node_header(tmp_path: Path) -> None:
+    """The header routes, the body is what the trainer trusts (docs/contract.md section 3.1): a batch
+    of this node is trained whatever its `sapo-node-id` says, another node's is refused whatever it
+    says."""
+    bus = MemoryBus()
+    ours, foreign = b.training_batch(0, []), b.training_batch(1, [], node_id="node-b")
+    bus.append(
+        TOPICS.batches, b"0", ours.SerializeToString(), message_headers("TrainingBatch", "node-b", b"")
+    )
+    bus.append(
+        TOPICS.batches, b"1", foreign.SerializeToString(), message_headers("TrainingBatch", "node-a", b"")
+    )
+    service, _ = _service(bus, tmp_path)
+    service.start()
+    service.run(idle_timeout_s=0.0)
+    assert [(e.version, e.batch_id) for e in service.trainer.state.ledger] == [(1, "node-a/0")]
+    assert [r.headers["sapo-dlq-reason"] for r in bus.topics[TOPICS.dlq]] == [b"wrong_node"]
 
 
 def test_a_batch_that_arrives_after_a_later_one_is_refused_as_late_not_called_a_duplicate(
