@@ -4,7 +4,8 @@ Topics are read by explicit assignment from their beginning (`sapo.inspect.reade
 kit joins no consumer group, so the service under test never rebalances because of it, and it never
 commits. Chunked messages are reassembled as the services' own loops do. A service's committed
 offsets are fetched with its group id (`sapo.runtime.consumer_group`) by a client that never
-subscribes: an offset fetch, not a group join.
+subscribes: an offset fetch, not a group join; the group's state (whether it has a member that finished
+joining) is asked of the broker the same way, by describing the group.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final, TypeVar
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException
+from confluent_kafka import OFFSET_BEGINNING, Consumer, ConsumerGroupState, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
+from confluent_kafka.admin import AdminClient
 
 from sapo.clientlog import LIBRDKAFKA_LOG
 from sapo.inspect.reader import TopicReader
@@ -98,3 +100,16 @@ class Committed:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+def group_state(config: Mapping[str, str], group: str, timeout_s: float) -> ConsumerGroupState | None:
+    """The state of a consumer group as the broker describes it (`EMPTY`: no member; `STABLE`: its
+    members joined and hold their partitions; the rebalancing states, or `UNKNOWN` on some brokers,
+    while one joins); None when the broker does not answer."""
+    admin = AdminClient(dict(config), logger=LIBRDKAFKA_LOG)
+    try:
+        described = admin.describe_consumer_groups([group], request_timeout=timeout_s)[group]
+        state: ConsumerGroupState = described.result(timeout=timeout_s).state
+    except (KafkaException, TimeoutError):
+        return None
+    return state

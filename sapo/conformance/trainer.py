@@ -11,12 +11,16 @@ lease) and commits.
 Throughout, the trainer's committed offset must never pass a batch whose version is not announced,
 unless the trainer dead-lettered it (watched while the kit waits for each version, and for a while
 after). A batch the trainer dead-letters instead of training ends the wait for its version, with the
-trainer's reason.
+trainer's reason. A wait that times out while the trainer's consumer group has committed nothing
+says whether the group had a member that finished joining it (a first join can outlast a short
+`--timeout`).
 """
 
 from __future__ import annotations
 
 import time
+
+from confluent_kafka import ConsumerGroupState
 
 from sapo import storage
 from sapo.checkpoints import MANIFEST, CheckpointError, read_manifest
@@ -31,7 +35,7 @@ from sapo.conformance.common import (
     decoded,
     header_problem,
 )
-from sapo.conformance.observe import Committed, Tail
+from sapo.conformance.observe import Committed, Tail, group_state
 from sapo.conformance.results import Results
 from sapo.kafka import Record
 from sapo.kafka.dlq import H_DETAIL, H_REASON, H_SOURCE
@@ -161,8 +165,32 @@ class _Run:
                 reason, detail = header_str(refused.headers, H_REASON), header_str(refused.headers, H_DETAIL)
                 return None, f"the trainer dead-lettered it as {reason!r}" + (f": {detail}" if detail else "")
             if time.monotonic() >= deadline:
-                return None, f"none within {timeout_s:.0f} s"
+                return None, f"none within {timeout_s:.0f} s{self.unread()}"
             self.observe_commit()
+
+    def unread(self) -> str:
+        """What the kit sees of a trainer that may have read no batch at all: its consumer group
+        committed nothing on the batch topic and has no member that finished joining. A consumer with
+        librdkafka's default group timing joins in up to half its session.timeout.ms (45 s) on some
+        brokers, longer than a short `--timeout`; "" when the group committed or is stable."""
+        tp = (self.topics.batches, 0)
+        if self.commits.offsets([tp])[tp] >= 0:
+            return ""
+        group = self.commits.group
+        state = group_state(self.t.kafka, group, self.t.metadata_timeout_s)
+        if state is ConsumerGroupState.STABLE:
+            return ""
+        nothing = f"; {group} committed nothing on {tp[0]}"
+        if state is None:
+            return f"{nothing} (the broker did not describe the group)"
+        if state in (ConsumerGroupState.EMPTY, ConsumerGroupState.DEAD):
+            return f"{nothing} and has no member: the trainer does not read its batches in it (contract §2)"
+        return (
+            f"{nothing} and no member has finished joining it (state {state.name}), so the trainer has "
+            "read no batch yet: a first group join with librdkafka's default timing takes up to half "
+            "the consumer's session.timeout.ms (about 23 s of 45) on some brokers; raise --timeout, or "
+            "shorten the trainer's session.timeout.ms"
+        )
 
     def dead_letter_of(self, position: Position) -> Record | None:
         source = _source(position)

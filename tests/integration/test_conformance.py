@@ -266,6 +266,24 @@ def test_a_batch_committed_once_dead_lettered_is_not_an_early_commit(
         _commit_and_observe(run, trainer, offset)
 
 
+def test_a_version_not_announced_in_time_says_whether_the_trainer_s_group_had_joined(
+    kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """A trainer whose consumer group committed nothing and has no member that finished joining has
+    read no batch: the kit says so, not only that no version came. The member here joins with
+    librdkafka's default group timing, as a trainer that does not set it: 22.5 s on the embedded
+    broker (half the 45 s session timeout), 3 s on Apache Kafka's defaults; the kit looks within 2 s."""
+    with _kit_and_trainer_group(kafka_bootstrap, topic_prefix, 50) as (run, trainer):
+        position = run.send_batch(run.batch(0, groups=0))
+        _, why = run.trained(1, position, 0.5)
+        assert f"{run.t.group('trainer')} committed nothing on {run.topics.batches} and has no member" in why
+        trainer.subscribe([run.topics.batches])
+        trainer.poll(0.2)
+        _, why = run.trained(1, position, 0.5)
+    assert "and no member has finished joining it (state " in why, why
+    assert "raise --timeout" in why
+
+
 def test_lease_records_a_reader_refuses_fail_the_lease_check_and_hold_nothing(
     kafka_bootstrap: str, topic_prefix: str
 ) -> None:
