@@ -8,6 +8,9 @@ lease) and commits.
 3. Batch 0 again, and every kind of batch the trainer must refuse (undecodable, another node's, a
    group without a source, one from a fenced-out sampler's epoch), then batch 1 without groups (a
    lock-step round without signal): version 2 must be batch 1's, the duplicate trained never.
+4. Batch 2 of an epoch far beyond the leases topic's end, which no sampler's lease can have given: it
+   must be refused (`epoch_beyond_leases`), not trained (that would fence out every later batch of
+   the node's sampler).
 Throughout, the trainer's committed offset must never pass a batch whose version is not announced,
 unless the trainer dead-lettered it (watched while the kit waits for each version, and for a while
 after). A batch the trainer dead-letters instead of training ends the wait for its version, with the
@@ -47,6 +50,8 @@ SAMPLER_LEASE_TTL_S = 60.0
 """The `ttl_s` of the sampler lease the kit takes and never renews: a trainer judges a batch's epoch by
 the leases topic's offsets, not by whether the lease is live, and a sampler started on the node after
 the kit takes the role within a minute."""
+EPOCH_BEYOND_LEASES = 1 << 40
+"""The epoch of the batch no lease vouches for: an offset no conformance run's leases topic reaches."""
 
 
 class _Run:
@@ -254,6 +259,10 @@ def _scenario(run: _Run) -> None:
         if got2
         else f"no version 2 for batch {batch1.batch_id}: {why}",
     )
+    if got2 is None:
+        run.r.skip("refuses an epoch no lease gave", "§6", "no version 2 to follow")
+    else:
+        _check_epoch_beyond_leases(run)
     run.watch_commits(t.quiet_s)
     _check_versions(run, {1: batch0.batch_id, 2: batch1.batch_id})
     check_dead_letters(run.r, run.tail, topics, dead, t.timeout_s)
@@ -373,6 +382,34 @@ def _send_refused(run: _Run, batch0: batch_pb2.TrainingBatch) -> list[Rejected]:
         fenced.batch_id.encode(), fenced.SerializeToString(), "fenced_batch", "batch of a fenced-out sampler"
     )
     return dead
+
+
+def _check_epoch_beyond_leases(run: _Run) -> None:
+    """Batch 2 of an epoch past the leases topic's end: dead-lettered as `epoch_beyond_leases` (the
+    trainer reads that topic until it is idle first), not trained."""
+    beyond = run.batch(2, groups=0)
+    beyond.epoch = EPOCH_BEYOND_LEASES
+    position = run.send_batch(beyond)
+
+    def trained() -> policy_pb2.PolicyUpdate | None:
+        return next((u for _, u in run.updates() if u.batch_id == beyond.batch_id), None)
+
+    run.tail.wait(lambda: run.dead_letter_of(position) or trained(), run.t.timeout_s)
+    refused, update = run.dead_letter_of(position), trained()
+    reason = header_str(refused.headers, H_REASON) if refused is not None else None
+    if update is not None:
+        what = f"trained into version {update.version}"
+    elif refused is not None:
+        what = f"dead-lettered as {reason!r}"
+    else:
+        what = f"neither trained nor dead-lettered within {run.t.timeout_s:.0f} s"
+    run.r.add(
+        "refuses an epoch no lease gave",
+        "§6",
+        reason == "epoch_beyond_leases" and update is None,
+        f"batch {beyond.batch_id} of sampler epoch {beyond.epoch}, beyond the end of {run.topics.leases}: "
+        + what,
+    )
 
 
 def _check_versions(run: _Run, expected: dict[int, str]) -> None:

@@ -6,6 +6,8 @@
   (section 5.4), as a trainer with auto-commit would.
 - `no-epochs`: finds no sampler epoch on the leases topic and so refuses every batch as
   `epoch_beyond_leases` (section 6), as a trainer reading the wrong leases topic would.
+- `any-epoch`: takes every epoch for one a lease gave, and so trains a batch of an epoch beyond the
+  leases topic's end (section 6), as a trainer that only fences lower epochs would.
 """
 
 from __future__ import annotations
@@ -67,11 +69,23 @@ class EpochlessTrainer(TrainerService):
         self.lease.vouches = never  # type: ignore[method-assign,assignment]
 
 
+class AnyEpochTrainer(TrainerService):
+    def start(self) -> None:
+        super().start()
+        assert self.lease is not None
+
+        def always(_epoch: int) -> bool:
+            return True
+
+        self.lease.vouches = always  # type: ignore[method-assign,assignment]
+
+
 if __name__ == "__main__":
     broken = {
         "twice": TwiceTrainer,
         "no-checkpoint": UncheckpointedTrainer,
         "early-commit": EarlyCommitTrainer,
         "no-epochs": EpochlessTrainer,
+        "any-epoch": AnyEpochTrainer,
     }[sys.argv[1]]
     raise SystemExit(serve("trainer", configure("trainer", TrainerSettings, argv=[]), broken.prepare))
