@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import selectors
+import socket
 import sys
 import threading
 import time
@@ -70,7 +72,11 @@ class Health:
 
 
 class OpsServer:
-    """Serves the three endpoints from a daemon thread; `port` is the bound port (0 picks one)."""
+    """Serves the three endpoints from a daemon thread; `port` is the bound port (0 picks one).
+
+    The thread sleeps until a connection or `stop` arrives. `serve_forever` would wake it twice a
+    second to look for a shutdown request, in every process of a node, whether anyone scrapes or not.
+    """
 
     def __init__(
         self, registry: CollectorRegistry, health: Health, host: str = "0.0.0.0", port: int = 8080
@@ -79,15 +85,32 @@ class OpsServer:
         self._server = ThreadingHTTPServer((host, port), handler)
         self._server.daemon_threads = True
         self.port = int(self._server.server_address[1])
-        self._thread = threading.Thread(target=self._server.serve_forever, name="ops-http", daemon=True)
+        self._wake_read, self._wake_write = socket.socketpair()
+        self._thread = threading.Thread(target=self._serve, name="ops-http", daemon=True)
 
     def start(self) -> OpsServer:
         self._thread.start()
         return self
 
     def stop(self) -> None:
-        self._server.shutdown()
+        if self._wake_write.fileno() < 0:  # stopped before
+            return
+        self._wake_write.send(b"\0")
+        if self._thread.is_alive():
+            self._thread.join()
         self._server.server_close()
+        self._wake_read.close()
+        self._wake_write.close()
+
+    def _serve(self) -> None:
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._server, selectors.EVENT_READ)
+            selector.register(self._wake_read, selectors.EVENT_READ)
+            while True:
+                ready = {key.fileobj for key, _ in selector.select()}
+                if self._wake_read in ready:
+                    return
+                self._server.handle_request()  # the listening socket is readable: accepts at once
 
 
 def _make_handler(registry: CollectorRegistry, health: Health) -> type[BaseHTTPRequestHandler]:

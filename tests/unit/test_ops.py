@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -43,6 +46,33 @@ def test_metrics_health_and_readiness() -> None:
         assert _get(server.port, "/nope")[0] == 404
     finally:
         server.stop()
+
+
+def _switches(native_id: int) -> int:
+    """Times the thread gave up or lost its CPU so far (Linux)."""
+    status = Path(f"/proc/self/task/{native_id}/status").read_text()
+    counts = (line.split()[1] for line in status.splitlines() if line.split(":")[0].endswith("ctxt_switches"))
+    return sum(int(count) for count in counts)
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads thread switches from Linux's /proc")
+def test_the_server_thread_sleeps_while_nobody_calls_and_stops_at_once() -> None:
+    """No wake-ups at rest (every process of a node runs one), yet a stop ends the thread promptly and
+    a second stop is harmless."""
+    server = OpsServer(CollectorRegistry(), Health(), host="127.0.0.1", port=0).start()
+    try:
+        assert _get(server.port, "/healthz")[0] == 200
+        threads = [t for t in threading.enumerate() if t.name == "ops-http"]
+        ids = [t.native_id for t in threads if t.native_id is not None]
+        before = [_switches(i) for i in ids]
+        time.sleep(1.5)  # serve_forever's poll would wake three times
+        assert ids and [_switches(i) for i in ids] == before
+    finally:
+        server.stop()
+    assert len([t for t in threading.enumerate() if t.name == "ops-http"]) == len(threads) - 1
+    server.stop()
+    with pytest.raises(urllib.error.URLError):
+        _get(server.port, "/healthz")
 
 
 def test_metrics_name_filter_selects_series_by_sample_name() -> None:
