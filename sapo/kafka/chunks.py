@@ -58,6 +58,8 @@ SUPERSEDED: Final = "superseded"
 HELD_RECORD_BYTES: Final = 1024
 """What holding a chunk costs beyond its payload, key and headers (the record's objects), as counted
 against the pending limit."""
+MAX_CHUNK_DIGITS: Final = 20
+"""Digits of a `sapo-chunk` index or count (any 64-bit number); a longer one is a header that lies."""
 HEADROOM_BYTES: Final = 64 * 1024
 """Kept free in every message for headers and the record framing, so a chunk plus its overhead fits
 the broker's limit."""
@@ -91,7 +93,9 @@ def chunk_of(record: Record) -> tuple[int, int, str] | None:
     if raw is None or message_id is None:
         return None
     index, _, count = raw.decode("ascii", "replace").partition("/")
-    if not (index.isdigit() and count.isdigit()) or not int(index) < int(count):
+    # Bounded before int(), which refuses more than 4,300 digits with an error a peer must not cause.
+    digits = index.isdigit() and count.isdigit() and max(len(index), len(count)) <= MAX_CHUNK_DIGITS
+    if not digits or not int(index) < int(count):
         return (-1, 0, message_id.decode("ascii", "replace"))  # a chunk header that lies
     return int(index), int(count), message_id.decode("ascii", "replace")
 

@@ -167,8 +167,10 @@ def test_each_chunk_costs_constant_time_however_many_messages_are_open() -> None
     assert reassembler.take_dropped() == [] and reassembler.has_open
 
 
-def test_a_forged_chunk_header_is_given_up() -> None:
-    forged = Record("t", 0, 0, b"k", b"x", {H_CHUNK: b"5/2", "sapo-chunk-id": b"a", H_CHUNK_SHA: b"0"})
+@pytest.mark.parametrize("header", [b"5/2", b"0/" + b"9" * 5000], ids=["index past count", "5000 digits"])
+def test_a_forged_chunk_header_is_given_up(header: bytes) -> None:
+    """Also a count int() refuses to read (over 4,300 digits): that error stopped the consumer."""
+    forged = Record("t", 0, 0, b"k", b"x", {H_CHUNK: header, "sapo-chunk-id": b"a", H_CHUNK_SHA: b"0"})
     reassembler = Reassembler(100, 100)
     assert reassembler.add(forged) is None
     assert [d.reason for d in reassembler.take_dropped()] == ["bad_chunk_header"]
