@@ -35,7 +35,9 @@ Delivery semantics (at-least-once in; batch ids out exactly once):
   "pool_full" first, before it is identified, decoded or screened (`SamplerCore.sheds`): no content
   could have pooled it, and in a large swarm most arrivals are such (61-79% at 10,000 nodes). It is
   counted, not inspected: a malformed or forged record among them is not dead-lettered, and with
-  identity on it is not counted for the peer it claims (a claim nobody checked).
+  identity on it is not counted for the peer it claims (a claim nobody checked). With identity off
+  the claim is the sender, so one that is no node id is refused as "bad_node_id" first
+  (`sapo.sampler.sender`).
 - Per-peer accounting: every swarm group whose sender is established (verified, with identity on)
   is counted for that peer as received, then rejected by reason (at screening or as a pool discard)
   or used (in an acknowledged batch), in metrics with a bounded peer label (`sapo.node.peers`) and
@@ -87,6 +89,7 @@ from sapo.sampler import (
     Scored,
     Unread,
     arrival_facts,
+    claimed_sender,
     header_reason,
     needs_warm_start,
     parse,
@@ -421,8 +424,9 @@ class SamplerService:
         if origin == "external" and (claimed := header_str(record.headers, H_NODE)):
             shed = self.core.sheds(claimed)  # load shedding before any work: `SamplerCore.sheds`
             if shed is not None:
-                if self._identity is None:  # the header is who sent it; with identity, only a claim
-                    self._accounts.screened(origin, claimed, shed)
+                if self._identity is None:  # the header is who sent it (bad_node_id when it names
+                    # nobody); with identity, only a claim
+                    self._accounts.screened(origin, claimed_sender(claimed).node_id, shed)
                 return shed
 
         def admit(group: RolloutGroup, sender: Sender, now: float) -> str | None:

@@ -37,7 +37,7 @@ from sapo.sampler.screen import (
 )
 from sapo.sampler.seen import SeenGroups
 from sapo.sampler.selection import Mix, MixPolicy, SelectionPolicy, pick_external, plan
-from sapo.sampler.sender import sender_of
+from sapo.sampler.sender import claimed_sender, sender_of
 from sapo.sampler.verifier import Verifier
 from sapo.sampler.warm import WarmConfig, WarmStart, needs_warm_start
 
@@ -71,6 +71,7 @@ __all__ = [
     "arrival_facts",
     "batch_id",
     "build_batch",
+    "claimed_sender",
     "header_reason",
     "make_assembler",
     "needs_warm_start",

@@ -5,7 +5,9 @@
 - The swarm stream, identity on (`IDENTITY__MODE=strict|tofu`): the signature is verified against
   the node's `TrustStore`, and the sender is the node the verified key belongs to.
 - The swarm stream, identity off: nothing is verified; the sender is whatever the node-id header
-  claims ("" when there is none: the body decides). Header and body must still agree.
+  claims ("" when there is none: the body decides). Header and body must still agree, and a claim
+  that is no node id (section 1 of docs/contract.md) is refused as "bad_node_id": it names nobody,
+  and per-peer counts (metrics, the intake a batch carries) would take it as it came.
 
 `Screen.check` then requires the decoded group to name the sender, so nothing downstream (quotas,
 lock-step arrival, contribution counts) can be reached with another node's id. Hostile refusals
@@ -21,6 +23,7 @@ from typing import Final, Protocol
 
 from sapo.identity.trust import Rejection, Sender
 from sapo.sampler.screen import Origin
+from sapo.topics import NODE_ID_RE
 from sapo.wire import H_NODE, InvalidMessageError, header_str
 
 CLAIMED_SENDERS: Final = 65_536
@@ -34,9 +37,12 @@ class Identifies(Protocol):
 
 
 @functools.lru_cache(maxsize=CLAIMED_SENDERS)
-def _claimed(node_id: str) -> Sender:
-    """The unverified sender a node-id header claims; one object per recent claim, as a sampler reading
-    a large swarm without identity builds one per record."""
+def claimed_sender(node_id: str) -> Sender:
+    """The unverified sender a node-id header claims ("": none); one object per recent claim, as a
+    sampler reading a large swarm without identity builds one per record. Raises InvalidMessageError
+    ("bad_node_id") for a claim that is no node id (not cached: an error is built anew each time)."""
+    if node_id and not NODE_ID_RE.fullmatch(node_id):
+        raise InvalidMessageError("bad_node_id", f"node-id header {node_id!r} is not a node id")
     return Sender(node_id)
 
 
@@ -56,7 +62,7 @@ def sender_of(
     if origin == "local":
         return Sender(node_id)
     if store is None:
-        return _claimed(header_str(headers, H_NODE) if claimed is None else claimed)
+        return claimed_sender(header_str(headers, H_NODE) if claimed is None else claimed)
     verdict = store.identify(headers, value or b"", now_s)
     if isinstance(verdict, Rejection):
         if verdict.hostile:

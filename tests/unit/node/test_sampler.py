@@ -442,6 +442,25 @@ def test_a_full_pool_refuses_a_peer_s_group_before_identifying_or_decoding_it() 
     assert node.registry.get_sample_value(peer_rejected, {"peer": OTHER, "reason": "pool_full"}) is None
 
 
+def test_without_identity_a_node_header_that_names_nobody_is_refused_before_it_is_shed() -> None:
+    """Identity off, the node header is the sender: one that is no node id is dead-lettered as
+    bad_node_id, also where a full pool would shed it, and never counted for a peer; a newcomer that
+    is a node is shed and counted for it (unlabelled: none of its groups passed yet)."""
+    bus = MemoryBus()
+    node = Node(bus, round_mode="async", max_pool_groups=2)
+    publish(bus, TOPICS.swarm_rollouts, real_group(RECORDS[0], "peer-1"))
+    publish(bus, TOPICS.swarm_rollouts, real_group(RECORDS[1], "peer-2"))
+    node.drain()
+    for claim in (b"Peer-3", b"peer-3"):
+        assert node.service.core.sheds(claim.decode()) == "pool_full"
+        bus.append(TOPICS.swarm_rollouts, b"junk", b"\xff\xff", [(wire.H_NODE, claim)])
+    node.drain()
+    assert (node.rejected("bad_node_id"), node.rejected("pool_full")) == (1, 1)
+    assert [r.headers["sapo-dlq-reason"] for r in bus.topics[TOPICS.dlq]] == [b"bad_node_id"]
+    peer_rejected = "sapo_sampler_peer_groups_rejected_total"
+    assert node.registry.get_sample_value(peer_rejected, {"peer": OTHER, "reason": "pool_full"}) == 1
+
+
 def announce(bus: MemoryBus, version: int, sequence: int | None, *, epoch: int = 0, node: str = NODE) -> None:
     """A trainer's PolicyUpdate on the node's policy topic (the sampler reads no weights from it)."""
     update = policy_pb2.PolicyUpdate(

@@ -182,3 +182,10 @@ def test_without_identity_the_node_header_its_caller_read_is_the_sender() -> Non
     assert sender(headers, "peer-1") == sender(headers) == Sender("peer-1")
     no_node = {k: v for k, v in headers.items() if k != H_NODE}
     assert sender(no_node, "") == sender(no_node) == Sender("")
+    # A claim that is no node id names nobody: refused (dead-lettered), never a peer to count.
+    for claim in ("peer-1\u202e", "Peer-1", "p" * 100_000):
+        bad = headers | {H_NODE: claim.encode()}
+        for claimed in (None, claim):
+            with pytest.raises(InvalidMessageError) as info:
+                sender(bad, claimed)
+            assert info.value.reason == "bad_node_id"
