@@ -23,13 +23,15 @@ second generator replica that took over the work item), or after `stale_s` witho
 hold it open), so its offsets do not hold the partition's commits back for long. A message is never
 given up because another one starts under its key: keys are public (group and batch ids), and a
 single forged first chunk under a peer's key would otherwise drop that peer's message in flight; a
-forged copy that completes cannot carry the digest of the real payload. Each of these costs constant
-time however many messages are open: they are kept in the order of their latest chunk and indexed by
-key and digest, since the loop hands every record to the reassembler while one is open. What cannot
-be assembled (too large, cut short, a digest mismatch) comes back as an `Incomplete` whose records the
-caller finishes, counts and dead-letters, except a superseded copy (`delivered`), which is counted
-only: its payload was delivered whole. One given up before its last chunk says so (`more`), and the
-caller skips its later chunks.
+forged copy that completes cannot carry the digest of the real payload. A forged chunk under the open
+message's own id (public once its first chunk is on the topic), written between its chunks, does
+drop it: nothing tells that chunk from the real one before the whole payload's digest is checked.
+Each of these costs constant time however many messages are open: they are kept in the order of
+their latest chunk and indexed by key and digest, since the loop hands every record to the
+reassembler while one is open. What cannot be assembled (too large, cut short, a digest mismatch)
+comes back as an `Incomplete` whose records the caller finishes, counts and dead-letters, except a
+superseded copy (`delivered`), which is counted only: its payload was delivered whole. One given up
+before its last chunk says so (`more`), and the caller skips its later chunks.
 
 Why chunking rather than raising limits: Apache Kafka's broker limit is about 1 MB by default, a
 reasoning-length rollout group (16 completions x 8k tokens with token ids and log-probs) is larger,
