@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import re
-import uuid
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Final, NamedTuple, Protocol, TypeVar
@@ -44,6 +43,10 @@ H_GENERATOR_CONFIG = "sapo-generator-config"
 GENERATOR_CONFIG_CHARS: Final = 16
 """Lower-case hex digits of a `sapo-generator-config` value (64 bits of a SHA-256)."""
 _GENERATOR_CONFIG_RE: Final = re.compile(rb"[0-9a-f]{%d}" % GENERATOR_CONFIG_CHARS)
+GROUP_ID_RE: Final = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+"""A group id: a UUID as `str(uuid.UUID)` spells it, its one spelling. `uuid.UUID` also reads upper
+case, braces, any number of hyphens and `urn:uuid:` prefixes: copies of one group under other
+spellings would pass the dedupe by id into one batch, and an id could be hundreds of kilobytes."""
 
 Headers = Mapping[str, bytes]
 M = TypeVar("M", bound=Message)
@@ -214,10 +217,12 @@ def read_facts(headers: Headers) -> GroupFacts | None:
 
 
 def _in_range(facts: GroupFacts) -> bool:
-    """Every value is one the body's field can hold (a uint64 round, a protobuf Timestamp, ...): a
-    receiver builds with them before it has seen the body."""
+    """Every value is one a valid body can hold (a group id as `GROUP_ID_RE` spells it, a uint64
+    round, a protobuf Timestamp, ...): a receiver builds with them, and remembers the id for its
+    dedupe, before it has seen the body."""
     return (
-        0 <= facts.round < 2**64
+        GROUP_ID_RE.fullmatch(facts.group_id) is not None
+        and 0 <= facts.round < 2**64
         and -(2**63) <= facts.completed_seconds < 2**63
         and 0 <= facts.completed_nanos < 10**9
         and -(2**31) <= facts.split < 2**31
@@ -258,9 +263,7 @@ def decode(cls: type[M], value: bytes | None, max_bytes: int) -> M:
 
 def validate_rollout_group(group: rollout_pb2.RolloutGroup) -> str | None:
     """Structural checks every consumer of a group relies on; None when valid, else a reason."""
-    try:
-        uuid.UUID(group.group_id)
-    except ValueError:
+    if not GROUP_ID_RE.fullmatch(group.group_id):
         return "bad_group_id"
     if not group.node_id:
         return "missing_node_id"

@@ -12,7 +12,7 @@ import pytest
 from sapo.kafka.chunks import H_CHUNK, H_CHUNK_ID, H_CHUNK_SHA
 from sapo.kafka.dlq import H_REASON, H_SERVICE, H_SOURCE, H_TIME
 from sapo.sampler.settings import SamplerSettings
-from sapo.v1 import batch_pb2
+from sapo.v1 import batch_pb2, rollout_pb2
 from sapo.wire import H_NODE
 from tests.integration.test_sampler import NODE, TopicReader, _in_process_core, _topics
 from tests.unit.sampler.builders import encoded, questions, real_group
@@ -20,12 +20,13 @@ from tests.unit.sampler.builders import encoded, questions, real_group
 pytestmark = pytest.mark.integration
 
 
-def test_forged_chunk_counts_and_node_headers_that_name_nobody_are_dead_lettered_and_good_input_goes_on(
+def test_hostile_records_are_dead_lettered_and_the_good_group_after_them_is_taken(
     kafka_bootstrap: str, topic_prefix: str
 ) -> None:
     """A chunk count of 5,000 digits (int() refuses to read it) stopped the sampler at every start. A
     node header that is no node id (identity off: it names the sender) was counted for that "peer",
-    as it came, in the next batch's intake: a few such records made a batch of megabytes."""
+    as it came, in the next batch's intake: a few such records made a batch of megabytes. A copy of a
+    group under another spelling of its UUID passed the dedupe by id into the same batch."""
     topics = _topics(kafka_bootstrap, topic_prefix)
     records = iter(questions(node_seed=61, count=5))
     # A peer's producer, with a message limit of its own choosing (the broker does not enforce one).
@@ -33,20 +34,26 @@ def test_forged_chunk_counts_and_node_headers_that_name_nobody_are_dead_lettered
         {"bootstrap.servers": kafka_bootstrap, "message.max.bytes": "4000000"}
     )
 
-    def send(topic: str, node: str, headers: dict[str, bytes] | None = None) -> str:
-        """A group of `node` as its generator writes it, with `headers` put in place of its own."""
-        group = real_group(next(records), node)
+    def send(topic: str, group: rollout_pb2.RolloutGroup, headers: dict[str, bytes] | None = None) -> None:
+        """`group` as its generator writes it, with `headers` put in place of its own."""
         value, sent = encoded(group)
         written: dict[str, str | bytes | None] = {**dict(sent), **(headers or {})}
         producer.produce(topic, value, group.group_id.encode(), headers=written)
-        return group.group_id
+
+    def respelled(group: rollout_pb2.RolloutGroup, group_id: str) -> rollout_pb2.RolloutGroup:
+        copy = rollout_pb2.RolloutGroup()
+        copy.CopyFrom(group)
+        copy.group_id = group_id
+        return copy
 
     chunk = {H_CHUNK: b"0/" + b"9" * 5000, H_CHUNK_ID: b"c1", H_CHUNK_SHA: b"00"}
-    send(topics.swarm_rollouts, "peer-1", chunk)
-    send(topics.swarm_rollouts, "peer-1", {H_NODE: "é".encode() * 300_000})
-    send(topics.swarm_rollouts, "peer-1", {H_NODE: "peer-1\u202e".encode()})
-    taken = send(topics.swarm_rollouts, "peer-2")
-    send(topics.rollouts, NODE)
+    send(topics.swarm_rollouts, real_group(next(records), "peer-1"), chunk)
+    send(topics.swarm_rollouts, real_group(next(records), "peer-1"), {H_NODE: "é".encode() * 300_000})
+    send(topics.swarm_rollouts, real_group(next(records), "peer-1"), {H_NODE: "peer-1\u202e".encode()})
+    taken = real_group(next(records), "peer-2")
+    for group_id in (taken.group_id, taken.group_id.upper(), "-" * 300_000 + taken.group_id):
+        send(topics.swarm_rollouts, respelled(taken, group_id))
+    send(topics.rollouts, real_group(next(records), NODE))
     assert producer.flush(30) == 0
 
     settings = SamplerSettings(
@@ -73,21 +80,24 @@ def test_forged_chunk_counts_and_node_headers_that_name_nobody_are_dead_lettered
     batches, letters = TopicReader(kafka_bootstrap, topics.batches), TopicReader(kafka_bootstrap, topics.dlq)
     try:
         [batch] = batches.batches(1, timeout_s=20)
-        dead = letters.until(3, timeout_s=20)
+        dead = letters.until(5, timeout_s=20)
     finally:
         batches.close()
         letters.close()
 
     external = [bg.group.group_id for bg in batch.groups if bg.source == batch_pb2.GROUP_SOURCE_EXTERNAL]
-    assert external == [taken]
+    assert external == [taken.group_id]
     assert [p.node_id for p in batch.intake] == ["peer-2"]  # only a sender that is a node
     transport, groups = "sapo_sampler_messages_rejected_total", "sapo_sampler_groups_rejected_total"
     assert registry.get_sample_value(transport, {"reason": "bad_chunk_header"}) == 1
     assert registry.get_sample_value(groups, {"reason": "bad_node_id"}) == 2
+    assert registry.get_sample_value(groups, {"reason": "bad_group_id"}) == 2
     swarm = topics.swarm_rollouts
     assert sorted((r.headers[H_SOURCE], r.headers[H_REASON]) for r in dead) == [
         (f"{swarm}/0/0".encode(), b"bad_chunk_header"),
         (f"{swarm}/0/1".encode(), b"bad_node_id"),
         (f"{swarm}/0/2".encode(), b"bad_node_id"),
+        (f"{swarm}/0/4".encode(), b"bad_group_id"),
+        (f"{swarm}/0/5".encode(), b"bad_group_id"),
     ]
     assert all(r.headers[H_SERVICE] == b"sampler" and r.headers[H_TIME].isdigit() for r in dead)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import filecmp
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -180,6 +181,20 @@ def test_a_malformed_facts_header_is_a_facts_mismatch(raw: bytes) -> None:
     with pytest.raises(wire.InvalidMessageError) as info:
         wire.read_facts({wire.H_FACTS: raw})
     assert info.value.reason == "facts_mismatch"
+
+
+def test_a_group_id_has_one_spelling() -> None:
+    """`uuid.UUID` reads one UUID under endless spellings: copies of one group under each passed the
+    dedupe by id into one batch. Refused in the body and in the facts header a lazy sampler pools on."""
+    canonical = str(uuid.uuid4())
+    assert wire.validate_rollout_group(make_group(group_id=canonical)) is None
+    spellings = [canonical.upper(), f"{{{canonical}}}", f"urn:uuid:{canonical}", canonical.replace("-", "")]
+    for spelling in [*spellings, "-" * 300_000 + canonical]:
+        group = make_group(group_id=spelling)
+        assert wire.validate_rollout_group(group) == "bad_group_id", spelling[:50]
+        with pytest.raises(wire.InvalidMessageError) as info:
+            wire.read_facts({wire.H_FACTS: wire.encode_facts(wire.group_facts(group))})
+        assert info.value.reason == "facts_mismatch"
 
 
 def test_a_missing_or_later_facts_header_is_no_claim() -> None:
