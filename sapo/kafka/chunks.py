@@ -62,6 +62,10 @@ HELD_RECORD_BYTES: Final = 1024
 against the pending limit."""
 MAX_CHUNK_DIGITS: Final = 20
 """Digits of a `sapo-chunk` index or count (any 64-bit number); a longer one is a header that lies."""
+MAX_CHUNK_ID_BYTES: Final = 128
+"""Longest `sapo-chunk-id` (`split` writes 32 hex digits); a longer one is a header that lies. Readers
+keep ids as keys, of open messages and of refused ones whose later chunks they skip (a bound by count
+there: `sapo.kafka.consumer.MAX_SKIPPING`), so a peer's megabyte ids must not become those keys."""
 HEADROOM_BYTES: Final = 64 * 1024
 """Kept free in every message for headers and the record framing, so a chunk plus its overhead fits
 the broker's limit."""
@@ -97,7 +101,7 @@ def chunk_of(record: Record) -> tuple[int, int, str] | None:
     index, _, count = raw.decode("ascii", "replace").partition("/")
     # Bounded before int(), which refuses more than 4,300 digits with an error a peer must not cause.
     digits = index.isdigit() and count.isdigit() and max(len(index), len(count)) <= MAX_CHUNK_DIGITS
-    if not digits or not int(index) < int(count):
+    if not digits or not int(index) < int(count) or len(message_id) > MAX_CHUNK_ID_BYTES:
         return (-1, 0, message_id.decode("ascii", "replace"))  # a chunk header that lies
     return int(index), int(count), message_id.decode("ascii", "replace")
 

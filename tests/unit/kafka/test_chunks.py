@@ -307,6 +307,23 @@ def test_first_chunks_never_followed_up_are_remembered_within_a_bound() -> None:
     assert len(consumer.loop._skipping) == MAX_SKIPPING
 
 
+def test_a_chunk_id_too_long_to_remember_is_a_forged_chunk_header() -> None:
+    """What the loop remembers of refused messages is bounded by count: ids of 100 KB each would have
+    made that bound ~400 MB (a megabyte each, 4 GB). Such a chunk is refused alone and forgotten."""
+    bus = MemoryBus()
+    for i in range(20):
+        chunk_id = b"i" * 100_000 + str(i).encode()
+        bus.append("t", b"k", b"x", [(H_CHUNK, b"0/1000000000"), (H_CHUNK_ID, chunk_id), (H_CHUNK_SHA, b"0")])
+    bus.append("t", b"ok", b"valid", [])
+    consumer = Collecting(bus, MemoryPublisher(bus))
+    assert consumer.loop.run(idle_timeout_s=0.0) == 21
+    assert consumer.values() == [b"valid"]
+    assert bus.committed[("g", ("t", 0))] == 21
+    rejected = "sapo_test_messages_rejected_total"
+    assert consumer.registry.get_sample_value(rejected, {"reason": "bad_chunk_header"}) == 20
+    assert len(consumer.loop._skipping) == 0
+
+
 @pytest.mark.parametrize(
     "mutate",
     [
