@@ -214,7 +214,11 @@ def write_port_file(settings: ServiceSettings, port: int) -> None:
         ) from None
 
 
-def start_runtime(service: str, settings: ServiceSettings, *, install_signals: bool = True) -> Runtime:
+def start_runtime(
+    service: str, settings: ServiceSettings, *, refusals: Sequence[str] = (), install_signals: bool = True
+) -> Runtime:
+    """The runtime of one service process; `refusals` is every reason its loops reject or dead-letter a
+    record for, exposed at 0 from the start (`sapo.kafka.TransportMetrics`)."""
     configure_logging(settings.log_level, settings.log_format, service, settings.node_id)
     log.info("starting %s with %s", service, describe(settings))
     request_cpu_slice(settings.cpu_slice_ms)  # before the server's and clients' threads: they inherit it
@@ -223,7 +227,7 @@ def start_runtime(service: str, settings: ServiceSettings, *, install_signals: b
     for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
         registry.register(collector)
     health = Health()
-    transport = TransportMetrics(registry, service)
+    transport = TransportMetrics(registry, service, refusals)
     with contextlib.ExitStack() as opened:  # a start that fails closes what it opened, newest first
         gate = open_gate(service, settings, registry)
         opened.callback(gate.close)
@@ -317,14 +321,20 @@ def configure(name: str, settings_class: type[S], argv: Sequence[str] | None = N
     return load_settings(settings_class)
 
 
-def serve(name: str, settings: S, prepare: Callable[[S], Callable[[Runtime], Service | None]]) -> int:
-    """Run one service process; exit status 0 on a clean stop. `prepare` checks what must be on this
+def serve(
+    name: str,
+    settings: S,
+    prepare: Callable[[S], Callable[[Runtime], Service | None]],
+    refusals: Sequence[str],
+) -> int:
+    """Run one service process; exit status 0 on a clean stop. `refusals`: the service's catalogue of
+    reasons for rejecting a record (`start_runtime`). `prepare` checks what must be on this
     machine (a model, a key) before any connection opens, so its message (a `ConfigError`) is the last
     thing the process prints rather than racing a Kafka client's connection log; it returns what builds
     the service on the runtime, which returns None when the process was stopped while starting
     (nothing was consumed)."""
     build = prepare(settings)
-    runtime = start_runtime(name, settings)
+    runtime = start_runtime(name, settings, refusals=refusals)
     try:
         service = build(runtime)
         if service is None:

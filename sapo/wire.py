@@ -242,6 +242,10 @@ def header_str(headers: Headers, name: str) -> str:
     return raw.decode("utf-8", "replace") if raw is not None else ""
 
 
+DECODE_REASONS: Final = ("empty_payload", "oversized", "undecodable", "schema_version")
+"""Every reason `decode` refuses a payload for."""
+
+
 def decode(cls: type[M], value: bytes | None, max_bytes: int) -> M:
     """Parse a payload of a known type; size is checked first so a huge value is never parsed."""
     if not value:  # null (a tombstone) or zero bytes: no message of ours encodes to nothing
@@ -259,6 +263,20 @@ def decode(cls: type[M], value: bytes | None, max_bytes: int) -> M:
         missing = f"no schema_version: not a {cls.__name__} (another message type?)"
         raise InvalidMessageError("schema_version", f"{schema} != {SCHEMA_VERSION}" if schema else missing)
     return msg
+
+
+GROUP_REASONS: Final = (
+    "bad_group_id",
+    "missing_node_id",
+    "bad_node_id",
+    "missing_question",
+    "no_completions",
+    "too_many_completions",
+    "missing_finish_reason",
+    "logprob_length_mismatch",
+    "nonfinite_logprob",
+)
+"""Every reason `validate_rollout_group` returns."""
 
 
 def validate_rollout_group(group: rollout_pb2.RolloutGroup) -> str | None:
@@ -298,6 +316,17 @@ def _validate_completions(group: rollout_pb2.RolloutGroup) -> str | None:
     return None
 
 
+BATCH_REASONS: Final = (
+    "missing_batch_id",
+    "too_many_groups",
+    "missing_source",
+    "too_many_completions",
+    "reward_length_mismatch",
+    "nonfinite_advantage",
+)
+"""Every reason `validate_batch` returns."""
+
+
 def validate_batch(batch: batch_pb2.TrainingBatch) -> str | None:
     """Structural checks the trainer relies on; None when valid, else a reason.
 
@@ -322,10 +351,18 @@ def validate_batch(batch: batch_pb2.TrainingBatch) -> str | None:
     return None
 
 
+POLICY_UPDATE_REASONS: Final = ("incomplete_policy_update",)
+"""Every reason `validate_policy_update` returns."""
+
+
 def validate_policy_update(update: policy_pb2.PolicyUpdate) -> str | None:
     if not update.node_id or not update.manifest_uri or len(update.manifest_sha256) != 64:
         return "incomplete_policy_update"
     return None
+
+
+WORK_ITEM_REASONS: Final = ("missing_node_id", "empty_version_range")
+"""Every reason `validate_work_item` returns."""
 
 
 def validate_work_item(item: work_pb2.WorkItem) -> str | None:

@@ -57,6 +57,15 @@ H_CHUNK_SHA: Final = "sapo-chunk-sha256"
 CHUNK_HEADERS: Final = (H_CHUNK, H_CHUNK_ID, H_CHUNK_SHA)
 SUPERSEDED: Final = "superseded"
 """The reason a cut-short copy is given up once another copy of its payload completed."""
+CHUNK_REASONS: Final = (
+    "bad_chunk_header",
+    "incomplete_message",
+    "oversized",
+    "evicted_incomplete",
+    "chunk_digest_mismatch",
+    SUPERSEDED,
+)
+"""Every reason an `Incomplete` gives (a superseded copy is counted, never dead-lettered)."""
 HELD_RECORD_BYTES: Final = 1024
 """What holding a chunk costs beyond its payload, key and headers (the record's objects), as counted
 against the pending limit."""

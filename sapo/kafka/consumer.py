@@ -48,7 +48,7 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 from prometheus_client import Gauge
 
 from sapo.clientlog import client_hooks
-from sapo.kafka.chunks import H_CHUNK, Incomplete, Reassembler, chunk_of
+from sapo.kafka.chunks import CHUNK_REASONS, H_CHUNK, Incomplete, Reassembler, chunk_of
 from sapo.kafka.dlq import DeadLetters
 from sapo.kafka.errors import ServiceError
 from sapo.kafka.lag import BrokersSetter, LagGauge
@@ -354,6 +354,11 @@ MAX_SKIPPING: Final = 4096
 chunks without reporting them again; past it the oldest is forgotten (its next chunk is then
 refused once more, as `incomplete_message`, and the rest skipped again). A peer's flood of first
 chunks it never follows up must not grow a consumer's memory for as long as it holds the partition."""
+
+LOOP_REASONS: Final = ("bad_header", "handler_error", *CHUNK_REASONS)
+"""What any loop may refuse a record for, whatever its handler and prefilter say: headers it cannot
+read, a handler that raised something else than `InvalidMessageError`, a message that cannot be
+reassembled."""
 
 Handler = Callable[[Record], Disposition]
 Prefilter = Callable[[Record], str | None]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -77,10 +77,20 @@ class LoopCounter:
         return CounterMetricFamily(self._name, self._doc, labels=self._labelnames)
 
 
-class TransportMetrics:
-    """`sapo_<service>_messages_*`: what the consumer loop and producer did, by bounded labels."""
+def catalogue(*parts: Iterable[str]) -> tuple[str, ...]:
+    """The reasons of `parts`, each once, in order: a service's refusals from the tuples beside the code
+    that refuses."""
+    return tuple(dict.fromkeys(reason for part in parts for reason in part))
 
-    def __init__(self, registry: CollectorRegistry, service: str) -> None:
+
+class TransportMetrics:
+    """`sapo_<service>_messages_*`: what the consumer loop and producer did, by bounded labels.
+
+    `refusals` is every reason the service's loops can reject or dead-letter a record for: each is
+    exposed at 0 from the start, since `increase()` cannot see the first count of a series born at 1
+    (the dead-letter alerts would miss a new reason's first burst)."""
+
+    def __init__(self, registry: CollectorRegistry, service: str, refusals: Iterable[str] = ()) -> None:
         p = f"sapo_{service}"
         self.consumed = LoopCounter(
             f"{p}_messages_consumed_total", "Messages read from Kafka, by stream.", ["stream"], registry
@@ -112,6 +122,9 @@ class TransportMetrics:
         for kind in PRODUCE_ERROR_KINDS:
             self.produce_errors.labels(kind)
             self.dead_letters_failed.labels(kind)
+        for reason in refusals:
+            self.rejected.labels(reason)
+            self.dead_lettered.labels(reason)
         # A service's loops share these two (a sampler reads three streams): summed over the open
         # loops at scrape time, never set per record.
         self._loops: list[LoopGauges] = []

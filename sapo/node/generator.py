@@ -51,12 +51,14 @@ from sapo.kafka import (
     Record,
     TransportMetrics,
 )
+from sapo.kafka.consumer import LOOP_REASONS
+from sapo.kafka.metrics import catalogue
 from sapo.kafka.records import TopicPartition
 from sapo.lifecycle import StopFlag
 from sapo.models import require_device, require_loadable
 from sapo.node.build import build_backend, model_shapes, round_source
 from sapo.node.metrics import GeneratorMetrics
-from sapo.node.policy import WEIGHTS_OK, PolicyFollower
+from sapo.node.policy import POLICY_REASONS, WEIGHTS_OK, PolicyFollower
 from sapo.ops import Health
 from sapo.runtime import Runtime
 from sapo.settings import ConfigError, env_prefix
@@ -64,7 +66,9 @@ from sapo.tasks import MAX_POSITION, QuestionRecord, TaskStream
 from sapo.topics import TopicNames
 from sapo.v1 import rollout_pb2, work_pb2
 from sapo.wire import (
+    DECODE_REASONS,
     H_GENERATOR_CONFIG,
+    WORK_ITEM_REASONS,
     HeaderSigner,
     InvalidMessageError,
     decode,
@@ -80,6 +84,16 @@ _DRAIN = 4096
 _WARN_EVERY_S = 60.0
 _FINISHED_MEMORY = 16_384
 """Items this replica published, remembered (newest) so that a copy arriving later is not sampled again."""
+WORK_REASONS = (
+    *DECODE_REASONS,
+    *WORK_ITEM_REASONS,
+    "wrong_node",
+    "index_out_of_range",
+    "version_too_far_ahead",
+)
+"""Every reason the generator refuses a work item for."""
+REFUSALS = catalogue(LOOP_REASONS, WORK_REASONS, POLICY_REASONS)
+"""Every reason the generator's loops reject or dead-letter a record for (`sapo.kafka.TransportMetrics`)."""
 
 
 class Held(NamedTuple):

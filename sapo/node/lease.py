@@ -85,7 +85,7 @@ from sapo.ops import Health
 from sapo.runtime import Runtime
 from sapo.settings import MAX_LEASE_TTL_S, LeaseSettings
 from sapo.v1 import lease_pb2
-from sapo.wire import SCHEMA_VERSION, InvalidMessageError, decode, message_headers
+from sapo.wire import DECODE_REASONS, SCHEMA_VERSION, InvalidMessageError, decode, message_headers
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +102,14 @@ MAX_CLOCK_AHEAD_S: Final = 300.0
 """A lease record renewed further than this ahead of the reader's clock is refused (Kerberos allows
 clocks as far apart by default)."""
 RENEWED_AHEAD: Final = "lease_renewed_ahead"
+LEASE_REASONS: Final = (
+    *DECODE_REASONS,
+    "wrong_node",
+    "lease_ttl_out_of_range",
+    "lease_epoch_ahead",
+    RENEWED_AHEAD,
+)
+"""Every reason a lease reader refuses a record of the leases topic for."""
 _MAX_DRAIN: Final = 10_000
 
 

@@ -4,7 +4,8 @@ Names follow `sapo_<service>_<noun>_<unit>`: counters end in `_total`, durations
 seconds. Every label is bounded (task names from the node's profile, reasons and origins from fixed
 tuples) and initialised up front, so dashboards see zeros rather than missing series. Transport-level
 counts (messages read, dead-lettered, produced) come from `sapo.kafka.TransportMetrics` on the same
-registry. Per-peer series (`sapo.node.peers`) bound their `peer` label by the METRICS_PEERS setting.
+registry, with every reason the service refuses a record for (its `REFUSALS`) at 0 from the start.
+Per-peer series (`sapo.node.peers`) bound their `peer` label by the METRICS_PEERS setting.
 """
 
 from __future__ import annotations

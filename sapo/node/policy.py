@@ -46,7 +46,13 @@ from sapo.lifecycle import StopFlag
 from sapo.node.metrics import GeneratorMetrics
 from sapo.ops import Health
 from sapo.v1 import policy_pb2
-from sapo.wire import InvalidMessageError, decode, validate_policy_update
+from sapo.wire import (
+    DECODE_REASONS,
+    POLICY_UPDATE_REASONS,
+    InvalidMessageError,
+    decode,
+    validate_policy_update,
+)
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +62,8 @@ _MAX_DRAIN = 1000
 _WARN_EVERY_S = 30.0
 MAX_CANDIDATES = 8
 """Announced versions kept for loading; the lowest gives way to a newer one (it would be superseded)."""
+POLICY_REASONS = (*DECODE_REASONS, *POLICY_UPDATE_REASONS, "foreign_node", "fenced_update")
+"""Every reason `PolicyFollower` refuses an update for."""
 
 
 class IncompatibleWeightsError(ValueError):

@@ -65,21 +65,25 @@ import time
 from collections.abc import Callable
 from typing import Self
 
-from sapo.identity import IdentityError, Sender, TrustStore
+from sapo.identity import HOSTILE, IDENTITY_REASONS, IdentityError, Sender, TrustStore
 from sapo.kafka import ConsumerClient, ConsumerLoop, DeadLetters, Disposition, Publisher, Record
 from sapo.kafka import TransportMetrics as Transport
+from sapo.kafka.consumer import LOOP_REASONS
+from sapo.kafka.metrics import catalogue
 from sapo.kafka.records import TopicPartition
 from sapo.lifecycle import StopFlag
-from sapo.node.identity import IdentityGate, IdentityMetrics, KeysFollower
-from sapo.node.lease import Lease, node_lease
+from sapo.node.identity import HOSTILE_ANNOUNCEMENTS, IdentityGate, IdentityMetrics, KeysFollower
+from sapo.node.lease import LEASE_REASONS, Lease, node_lease
 from sapo.node.metrics import SamplerMetrics
 from sapo.node.peers import PeerLabels
 from sapo.node.recovery import read_history
-from sapo.node.trained import TrainerFollower
+from sapo.node.trained import TRAINED_REASONS, TrainerFollower
 from sapo.node.warm import Admit, run_warm_start
 from sapo.ops import Health
 from sapo.runtime import Runtime
 from sapo.sampler import (
+    HEADER_REASONS,
+    MALFORMED_REASONS,
     ORIGINS,
     Assembly,
     Discard,
@@ -117,6 +121,19 @@ AdmitUnread = Callable[[Unread, Sender, float], str | None]
 """Admits a swarm record on its facts header, undecoded (`SamplerCore.admit_unread`)."""
 
 SERVICE = "sampler"
+REFUSALS = catalogue(
+    LOOP_REASONS,
+    HEADER_REASONS,
+    (r for r in IDENTITY_REASONS if r in HOSTILE),
+    MALFORMED_REASONS,
+    TRAINED_REASONS,
+    LEASE_REASONS,
+    sorted(HOSTILE_ANNOUNCEMENTS),
+)
+"""Every reason the sampler's loops reject or dead-letter a record for (`sapo.kafka.TransportMetrics`):
+the header prefilter's, a group's that is hostile, malformed or not what its provenance says (on
+arrival, or when lazy verification picks it), the trainer's announcements', the leases' and the key
+announcements'. The reasons a group is only counted for are `sapo.sampler.REASONS`."""
 IDLE_WAIT_S = 0.02
 """Pause after a step in which no stream had a record (polls are non-blocking so that one busy stream
 is never slowed down by waiting on the other); each further idle step doubles it up to

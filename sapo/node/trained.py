@@ -22,9 +22,18 @@ from sapo.kafka import ConsumerClient, ConsumerLoop, Disposition, Record, Transp
 from sapo.lifecycle import StopFlag
 from sapo.sampler import next_sequence_of
 from sapo.v1 import policy_pb2
-from sapo.wire import InvalidMessageError, decode, validate_policy_update
+from sapo.wire import (
+    DECODE_REASONS,
+    POLICY_UPDATE_REASONS,
+    InvalidMessageError,
+    decode,
+    validate_policy_update,
+)
 
 log = logging.getLogger(__name__)
+
+TRAINED_REASONS = (*DECODE_REASONS, *POLICY_UPDATE_REASONS, "foreign_node")
+"""Every reason `TrainerFollower` refuses an announcement for (counted; it dead-letters nothing)."""
 
 OnTrained = Callable[[int, int], None]
 """Called with (the next sequence the trainer accepts, the version it announced)."""

@@ -40,11 +40,13 @@ from sapo.kafka import (
     Record,
     TransportMetrics,
 )
+from sapo.kafka.consumer import LOOP_REASONS
+from sapo.kafka.metrics import catalogue
 from sapo.kafka.records import TopicPartition
 from sapo.lifecycle import StopFlag
 from sapo.models import require_device, require_loadable
 from sapo.node.build import build_trainer
-from sapo.node.lease import Lease, node_lease
+from sapo.node.lease import LEASE_REASONS, Lease, node_lease
 from sapo.node.metrics import TrainerMetrics
 from sapo.node.peers import PeerLabels
 from sapo.node.planner import WorkPlanner
@@ -57,13 +59,34 @@ from sapo.topics import TopicNames
 from sapo.trainer import StepReport, Trainer, step_metrics
 from sapo.trainer.settings import TrainerSettings
 from sapo.v1 import batch_pb2, policy_pb2
-from sapo.wire import SCHEMA_VERSION, InvalidMessageError, decode, message_headers, validate_batch
+from sapo.wire import (
+    BATCH_REASONS,
+    DECODE_REASONS,
+    SCHEMA_VERSION,
+    InvalidMessageError,
+    decode,
+    message_headers,
+    validate_batch,
+)
 
 log = logging.getLogger(__name__)
 
 SERVICE = "trainer"
 READY_CONDITIONS = ("model_loaded", "partitions_assigned")
 OFFSET_QUERY_TIMEOUT_S = 30.0
+BATCH_REFUSALS = (
+    *DECODE_REASONS,
+    *BATCH_REASONS,
+    "wrong_node",
+    "fenced_batch",
+    "epoch_beyond_leases",
+    "sequence_gap_too_large",
+    "late_batch",
+    "poison_batch",
+)
+"""Every reason the trainer refuses (dead-letters) a batch for."""
+REFUSALS = catalogue(LOOP_REASONS, BATCH_REFUSALS, LEASE_REASONS)
+"""Every reason the trainer's loops reject or dead-letter a record for (`sapo.kafka.TransportMetrics`)."""
 
 
 def checked_batch(record: Record, node_id: str, max_bytes: int) -> batch_pb2.TrainingBatch:

@@ -23,6 +23,8 @@ from sapo.sampler.batch import History, HistoryBuilder, batch_id, build_batch
 from sapo.sampler.core import FRESH_REASONS, SamplerCore, next_sequence_of
 from sapo.sampler.pool import Entry, Pool
 from sapo.sampler.screen import (
+    HEADER_REASONS,
+    MALFORMED_REASONS,
     ORIGINS,
     REASONS,
     Origin,
@@ -43,6 +45,8 @@ from sapo.sampler.warm import WarmConfig, WarmStart, needs_warm_start
 
 __all__ = [
     "FRESH_REASONS",
+    "HEADER_REASONS",
+    "MALFORMED_REASONS",
     "ORIGINS",
     "REASONS",
     "Assembler",

@@ -85,6 +85,8 @@ from sapo.sampler.verifier import Verifier
 from sapo.tasks import REJECTION_REASONS
 from sapo.v1 import question_pb2, rollout_pb2
 from sapo.wire import (
+    DECODE_REASONS,
+    GROUP_REASONS,
     H_NODE,
     H_SCHEMA,
     H_TASK,
@@ -105,26 +107,13 @@ ORIGINS: Final[tuple[Origin, ...]] = ("local", "external")
 
 HEADER_REASONS: Final = ("own_node", "task_not_accepted", "schema_version")
 MALFORMED_REASONS: Final = (
-    # sapo.wire.decode
-    "empty_payload",
-    "oversized",
-    "undecodable",
-    "schema_version",
+    *DECODE_REASONS,
     # parse: the body says another task than the (signed) routing headers
     "header_mismatch",
     # parse and the facts arrival path: the sapo-group-facts header is malformed or says other than
     # the body (sapo.wire.GroupFacts)
     "facts_mismatch",
-    # sapo.wire.validate_rollout_group
-    "bad_group_id",
-    "missing_node_id",
-    "bad_node_id",
-    "missing_question",
-    "no_completions",
-    "too_many_completions",
-    "missing_finish_reason",
-    "logprob_length_mismatch",
-    "nonfinite_logprob",
+    *GROUP_REASONS,
     # sapo.convert.question_from_proto
     "missing_split",
     "bad_metadata_json",

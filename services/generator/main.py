@@ -9,9 +9,9 @@ from sapo.runtime import configure, serve
 def main() -> int:
     settings = configure("generator", GeneratorSettings)
     # After the settings: the service loads torch and transformers (seconds), bad settings fail before.
-    from sapo.node.generator import GeneratorService
+    from sapo.node.generator import REFUSALS, GeneratorService
 
-    return serve("generator", settings, GeneratorService.prepare)
+    return serve("generator", settings, GeneratorService.prepare, REFUSALS)
 
 
 if __name__ == "__main__":

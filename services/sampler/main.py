@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from sapo.node.sampler import SamplerService
+from sapo.node.sampler import REFUSALS, SamplerService
 from sapo.runtime import configure, serve
 from sapo.sampler.settings import SamplerSettings
 
 
 def main() -> int:
     settings = configure("sampler", SamplerSettings)
-    return serve("sampler", settings, SamplerService.prepare)
+    return serve("sampler", settings, SamplerService.prepare, REFUSALS)
 
 
 if __name__ == "__main__":

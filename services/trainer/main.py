@@ -9,9 +9,9 @@ from sapo.trainer.settings import TrainerSettings
 def main() -> int:
     settings = configure("trainer", TrainerSettings)
     # After the settings: the service loads torch and transformers (seconds), bad settings fail before.
-    from sapo.node.trainer import TrainerService
+    from sapo.node.trainer import REFUSALS, TrainerService
 
-    return serve("trainer", settings, TrainerService.prepare)
+    return serve("trainer", settings, TrainerService.prepare, REFUSALS)
 
 
 if __name__ == "__main__":

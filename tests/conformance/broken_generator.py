@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from sapo.generator.settings import GeneratorSettings
 from sapo.kafka import Disposition, Record
-from sapo.node.generator import GeneratorService
+from sapo.node.generator import REFUSALS, GeneratorService
 from sapo.runtime import Runtime, configure, serve
 
 
@@ -41,4 +41,6 @@ def unsigned(settings: GeneratorSettings) -> Callable[[Runtime], GeneratorServic
 if __name__ == "__main__":
     mode = sys.argv[1]
     prepare = VersionBlindGenerator.prepare if mode == "versions" else unsigned
-    raise SystemExit(serve("generator", configure("generator", GeneratorSettings, argv=[]), prepare))
+    raise SystemExit(
+        serve("generator", configure("generator", GeneratorSettings, argv=[]), prepare, REFUSALS)
+    )

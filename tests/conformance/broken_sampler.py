@@ -4,7 +4,7 @@ it: a crash then loses pooled groups. The conformance kit must fail it (contract
 from __future__ import annotations
 
 from sapo.kafka import Disposition, Record
-from sapo.node.sampler import SamplerService
+from sapo.node.sampler import REFUSALS, SamplerService
 from sapo.runtime import configure, serve
 from sapo.sampler import Origin
 from sapo.sampler.settings import SamplerSettings
@@ -17,4 +17,6 @@ class EarlyCommitSampler(SamplerService):
 
 
 if __name__ == "__main__":
-    raise SystemExit(serve("sampler", configure("sampler", SamplerSettings), EarlyCommitSampler.prepare))
+    raise SystemExit(
+        serve("sampler", configure("sampler", SamplerSettings), EarlyCommitSampler.prepare, REFUSALS)
+    )

@@ -19,7 +19,7 @@ import time
 from sapo.checkpoints import Written
 from sapo.kafka import Record
 from sapo.kafka.consumer import Disposition
-from sapo.node.trainer import TrainerService
+from sapo.node.trainer import REFUSALS, TrainerService
 from sapo.runtime import configure, serve
 from sapo.trainer.settings import TrainerSettings
 from sapo.v1 import batch_pb2
@@ -88,4 +88,6 @@ if __name__ == "__main__":
         "no-epochs": EpochlessTrainer,
         "any-epoch": AnyEpochTrainer,
     }[sys.argv[1]]
-    raise SystemExit(serve("trainer", configure("trainer", TrainerSettings, argv=[]), broken.prepare))
+    raise SystemExit(
+        serve("trainer", configure("trainer", TrainerSettings, argv=[]), broken.prepare, REFUSALS)
+    )

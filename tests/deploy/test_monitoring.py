@@ -23,6 +23,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from sapo.kafka.metrics import TransportMetrics
+from sapo.node import generator, sampler, trainer
 from sapo.node.identity import IdentityMetrics
 from sapo.node.lease import LeaseMetrics
 from sapo.node.metrics import GeneratorMetrics, SamplerMetrics, TrainerMetrics
@@ -406,11 +407,12 @@ def queried_metrics() -> dict[str, set[str]]:
 
 
 def service_registry(service: str) -> CollectorRegistry:
-    """A registry after the transport metrics and the service's own metrics are built, the compute
-    gate's where the launcher gives the service one, the lease's of the single writers, and the
-    sampler's key announcements (identity on)."""
+    """A registry after the transport metrics (with the service's refusals) and the service's own metrics
+    are built, the compute gate's where the launcher gives the service one, the lease's of the single
+    writers, and the sampler's key announcements (identity on)."""
     registry = CollectorRegistry()
-    TransportMetrics(registry, service)
+    refusals = {"generator": generator.REFUSALS, "sampler": sampler.REFUSALS, "trainer": trainer.REFUSALS}
+    TransportMetrics(registry, service, refusals[service])
     if service in GATED:
         gate_waits(service, registry)
     if service in LEASED:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from sapo.node.trainer import TrainerService
+from sapo.node.trainer import REFUSALS, TrainerService
 from sapo.runtime import configure, serve
 from sapo.trainer.engine import StepReport
 from sapo.trainer.settings import TrainerSettings
@@ -30,5 +30,5 @@ class FailingStepTrainer(TrainerService):
 
 if __name__ == "__main__":
     raise SystemExit(
-        serve("trainer", configure("trainer", TrainerSettings, argv=[]), FailingStepTrainer.prepare)
+        serve("trainer", configure("trainer", TrainerSettings, argv=[]), FailingStepTrainer.prepare, REFUSALS)
     )

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from sapo.checkpoints import Published
-from sapo.node.trainer import TrainerService
+from sapo.node.trainer import REFUSALS, TrainerService
 from sapo.runtime import configure, serve
 from sapo.trainer.settings import TrainerSettings
 
@@ -37,5 +37,5 @@ class FullStoreTrainer(TrainerService):
 
 if __name__ == "__main__":
     raise SystemExit(
-        serve("trainer", configure("trainer", TrainerSettings, argv=[]), FullStoreTrainer.prepare)
+        serve("trainer", configure("trainer", TrainerSettings, argv=[]), FullStoreTrainer.prepare, REFUSALS)
     )

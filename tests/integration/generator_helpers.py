@@ -23,7 +23,7 @@ from sapo.generator.settings import GeneratorSettings
 from sapo.generator.work import PacingSettings
 from sapo.kafka import ConsumerLoop, Disposition, KafkaPublisher, Record, TransportMetrics
 from sapo.lifecycle import StopFlag
-from sapo.node.generator import GeneratorService
+from sapo.node.generator import REFUSALS, GeneratorService
 from sapo.node.planner import WorkPlanner
 from sapo.runtime import Runtime, start_runtime
 from sapo.settings import ConsumerProfile, KafkaConnection
@@ -97,12 +97,13 @@ def create_node_topics(bootstrap: str, prefix: str, *node_ids: str) -> None:
 
 
 class ThreadedGenerator:
-    """`GeneratorService.from_runtime` on a real Runtime (ops server, no signal handlers), in a thread."""
+    """`GeneratorService.from_runtime` on a real Runtime (ops server, no signal handlers, the generator's
+    refusals at 0 as `sapo-generator` shows them), in a thread."""
 
     def __init__(self, settings: GeneratorSettings) -> None:
         root = logging.getLogger()
         handlers, level = root.handlers[:], root.level
-        self.runtime: Runtime = start_runtime("generator", settings, install_signals=False)
+        self.runtime: Runtime = start_runtime("generator", settings, refusals=REFUSALS, install_signals=False)
         root.handlers[:], root.level = handlers, level  # keep pytest's log capture
         self.core = GeneratorService.prepare(settings)(self.runtime)
         self.error: BaseException | None = None

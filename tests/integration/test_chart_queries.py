@@ -4,7 +4,7 @@ of warm models (groups with signal, so every trainer and per-peer series is coun
 rendered PrometheusRule and dashboard checked against the merged scrape (tests/deploy/queries.py):
 each series it selects exists, each label it matches, groups, joins or prints is on it, and each
 label value it compares with occurs. One undecodable record on node-a's rollouts topic gives the
-dead-letter counters, born at their first count, a series.
+dead-letter counters (at 0 from each start) a count.
 """
 
 from __future__ import annotations
