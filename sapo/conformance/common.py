@@ -1,5 +1,6 @@
-"""What the three scenarios share: the service under test, sending as its neighbours would, and the
-checks every service answers the same way (headers, leases, dead letters)."""
+"""What the three scenarios share: the service under test, sending as its neighbours would, the
+checks every service answers the same way (headers, leases, dead letters), and what its consumer
+groups say when it reacts to nothing in time (`unread`)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from confluent_kafka import ConsumerGroupState
 from google.protobuf.message import Message
 
-from sapo.conformance.observe import Tail
+from sapo.conformance.observe import Committed, Tail, group_state
 from sapo.conformance.results import Results
 from sapo.identity import TrustStore
 from sapo.inspect.render import topic_label
@@ -77,6 +79,45 @@ class GeneratorTarget:
     model: str
     checkpoint_root: str
     trust: TrustStore | None = None
+
+
+def unread(target: Target, watched: Sequence[tuple[Committed, Sequence[Position]]]) -> str:
+    """What the kit sees of a service that may have read none of its input, per consumer group of it
+    in `watched` (with where the kit sent that group's input, on one topic): the group committed
+    nothing on those partitions and has no member that finished joining it. A consumer with
+    librdkafka's default group timing joins in up to half its session.timeout.ms (45 s) on some
+    brokers, longer than a short `--timeout`. "" when every group committed or is stable; else
+    "; "-led clauses, one per such group, and the advice when one is still joining."""
+    clauses: list[str] = []
+    joining = False
+    for commits, sent in watched:
+        tps = sorted({position[:2] for position in sent})
+        if max(commits.offsets(tps).values()) >= 0:
+            continue
+        state = group_state(target.kafka, commits.group, target.metadata_timeout_s)
+        if state is ConsumerGroupState.STABLE:
+            continue
+        topic = tps[0][0]
+        nothing = f"{commits.group} committed nothing on {topic}"
+        if state is None:
+            clauses.append(f"{nothing} (the broker did not describe the group)")
+        elif state in (ConsumerGroupState.EMPTY, ConsumerGroupState.DEAD):
+            clauses.append(
+                f"{nothing} and has no member: the {target.service} does not read {topic} in it (contract §2)"
+            )
+        else:
+            joining = True
+            clauses.append(
+                f"{nothing} and no member has finished joining it (state {state.name}), so the "
+                f"{target.service} has read nothing on {topic} yet"
+            )
+    if joining:
+        clauses.append(
+            "a first group join with librdkafka's default timing takes up to half the consumer's "
+            "session.timeout.ms (about 23 s of 45) on some brokers; raise --timeout, or shorten the "
+            f"{target.service}'s session.timeout.ms"
+        )
+    return "".join(f"; {clause}" for clause in clauses)
 
 
 class Sender:

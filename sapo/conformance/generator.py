@@ -8,6 +8,9 @@ the rollout and swarm topics, dead letters) and commits.
 3. An obsolete round-0 item, malformed work items and announcements (undecodable, another node's,
    an empty version range, one without a digest, one of a fenced-out trainer's epoch that names a
    version 2), then round 2 with no upper version bound: sampled with version 1, not 2.
+
+No round 0 in time while the generator's consumer group has committed nothing says whether the group
+had a member that finished joining it (a first join can outlast a short `--timeout`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from sapo.conformance.common import (
     check_dead_letters,
     decoded,
     header_problem,
+    unread,
 )
 from sapo.conformance.observe import Committed, Tail
 from sapo.conformance.results import Results
@@ -150,7 +154,7 @@ def _scenario(run: _Run) -> None:
         f"{q} groups of round 0 on {topics.rollouts}"
         if round0
         else f"{len({g.position for g in run.of_round(0)})} of {q} round-0 groups within {t.timeout_s:.0f} s "
-        "of version 0 and round 0's work items",
+        "of version 0 and round 0's work items" + unread(t, [(run.commits, list(done.values()))]),
     ):
         return
     _check_groups(run, 0, expected_version=0)

@@ -10,6 +10,9 @@ expected peers, at most one group per peer, three questions per round):
    committed offsets must stay below them. Then every kind of input it must refuse, and the last
    local group: batch 1, and dead letters for the malformed input.
 2. A clean round: batch 2 shows that the loop went on.
+
+No batch 0 in time while a consumer group of the sampler has committed nothing says whether that group
+had a member that finished joining it (a first join can outlast a short `--timeout`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from sapo.conformance.common import (
     check_lease,
     decoded,
     header_problem,
+    unread,
 )
 from sapo.conformance.observe import Committed, Tail
 from sapo.conformance.results import Results
@@ -134,7 +138,14 @@ def _scenario(run: _Run) -> None:
         f"batch 0 on {topics.batches}"
         if got
         else f"no batch 0 on {topics.batches} within {t.timeout_s:.0f} s of a full round 0 "
-        f"({q} local groups, one group from each of {len(PEERS)} peers)",
+        f"({q} local groups, one group from each of {len(PEERS)} peers)"
+        + unread(
+            t,
+            [
+                (run.local_commits, [run.positions[g.group_id] for g in local0]),
+                (run.swarm_commits, [run.positions[g.group_id] for g in (liar, honest)]),
+            ],
+        ),
     ):
         return
     assert got is not None

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import time
 
-from confluent_kafka import ConsumerGroupState
-
 from sapo import storage
 from sapo.checkpoints import MANIFEST, CheckpointError, read_manifest
 from sapo.conformance import material
@@ -37,8 +35,9 @@ from sapo.conformance.common import (
     check_lease,
     decoded,
     header_problem,
+    unread,
 )
-from sapo.conformance.observe import Committed, Tail, group_state
+from sapo.conformance.observe import Committed, Tail
 from sapo.conformance.results import Results
 from sapo.kafka import Record
 from sapo.kafka.dlq import H_DETAIL, H_REASON, H_SOURCE
@@ -170,32 +169,8 @@ class _Run:
                 reason, detail = header_str(refused.headers, H_REASON), header_str(refused.headers, H_DETAIL)
                 return None, f"the trainer dead-lettered it as {reason!r}" + (f": {detail}" if detail else "")
             if time.monotonic() >= deadline:
-                return None, f"none within {timeout_s:.0f} s{self.unread()}"
+                return None, f"none within {timeout_s:.0f} s{unread(self.t, [(self.commits, [position])])}"
             self.observe_commit()
-
-    def unread(self) -> str:
-        """What the kit sees of a trainer that may have read no batch at all: its consumer group
-        committed nothing on the batch topic and has no member that finished joining. A consumer with
-        librdkafka's default group timing joins in up to half its session.timeout.ms (45 s) on some
-        brokers, longer than a short `--timeout`; "" when the group committed or is stable."""
-        tp = (self.topics.batches, 0)
-        if self.commits.offsets([tp])[tp] >= 0:
-            return ""
-        group = self.commits.group
-        state = group_state(self.t.kafka, group, self.t.metadata_timeout_s)
-        if state is ConsumerGroupState.STABLE:
-            return ""
-        nothing = f"; {group} committed nothing on {tp[0]}"
-        if state is None:
-            return f"{nothing} (the broker did not describe the group)"
-        if state in (ConsumerGroupState.EMPTY, ConsumerGroupState.DEAD):
-            return f"{nothing} and has no member: the trainer does not read its batches in it (contract §2)"
-        return (
-            f"{nothing} and no member has finished joining it (state {state.name}), so the trainer has "
-            "read no batch yet: a first group join with librdkafka's default timing takes up to half "
-            "the consumer's session.timeout.ms (about 23 s of 45) on some brokers; raise --timeout, or "
-            "shorten the trainer's session.timeout.ms"
-        )
 
     def dead_letter_of(self, position: Position) -> Record | None:
         source = _source(position)

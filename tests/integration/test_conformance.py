@@ -290,6 +290,44 @@ def test_a_version_not_announced_in_time_says_whether_the_trainer_s_group_had_jo
     assert "raise --timeout" in why
 
 
+@pytest.mark.parametrize("service", ["sampler", "generator"])
+def test_no_first_output_in_time_says_which_of_the_service_s_groups_had_joined(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path, service: str
+) -> None:
+    """As for the trainer: a sampler or generator that made nothing of its first input in time is
+    described by each of its consumer groups that committed nothing. Here the first has a member still
+    joining it with librdkafka's default group timing, and the sampler's swarm group has none."""
+    kit = dataclasses.replace(target(service, kafka_bootstrap, topic_prefix), timeout_s=2.0)
+    ensure_topics({"bootstrap.servers": kafka_bootstrap}, kit.topics.specs(), timeout_s=30)
+    topics = kit.topics
+    if service == "sampler":
+        check, extra = "emits a batch per round", None
+        (joining, topic), *empty = [
+            (kit.group("sampler"), topics.rollouts),
+            (kit.group("sampler-swarm"), topics.swarm_rollouts),
+        ]
+    else:
+        check, extra = "one group per work item", GeneratorTarget(MODEL, str(tmp_path / "checkpoints"))
+        (joining, topic), *empty = [(kit.group("generator"), topics.work)]
+    # A static member: closing a dynamic one mid-join waits 5 s for its LeaveGroup.
+    member = Consumer(
+        {"bootstrap.servers": kafka_bootstrap, "group.id": joining, "group.instance.id": "kit-test"}
+    )
+    try:
+        member.subscribe([topic])
+        member.poll(0.2)
+        results = run_kit(kit, extra)
+    finally:
+        member.close()
+    assert list(_failed(results)) == [check], results.to_json()
+    why = _failed(results)[check]
+    assert f"{joining} committed nothing on {topic} and no member has finished joining it (state " in why, why
+    assert all(f"{group} committed nothing on {topic} and has no member" in why for group, topic in empty), (
+        why
+    )
+    assert f"raise --timeout, or shorten the {service}'s session.timeout.ms" in why
+
+
 def test_lease_records_a_reader_refuses_fail_the_lease_check_and_hold_nothing(
     kafka_bootstrap: str, topic_prefix: str
 ) -> None:
