@@ -5,10 +5,13 @@ lease) and commits.
 1. On start: version 0 announced, its checkpoint readable and matching its digests; round 0 planned.
    The kit takes the node's sampler lease; its batches carry that lease's epoch.
 2. Batch 0 (one local and one external group): version 1 announced for it, then round 1 planned.
-3. Batch 0 again, and every kind of batch the trainer must refuse (undecodable, another node's, a
-   group without a source, one from a fenced-out sampler's epoch), then batch 1 without groups (a
-   lock-step round without signal): version 2 must be batch 1's, the duplicate trained never.
-4. Batch 2 of an epoch far beyond the leases topic's end, which no sampler's lease can have given: it
+3. Batch 0 again, and every kind of batch the trainer must refuse on its own (undecodable, another
+   node's, a group without a source, too many groups, too many completions, rewards or advantages not
+   one per completion, a non-finite advantage, one from a fenced-out sampler's epoch, one more than
+   `MAX_SEQUENCE_GAP` sequences ahead), then batch 2 without groups (a lock-step round without signal,
+   batch 1 lost upstream: a gap it trains across), then batch 1 after all: version 2 must be batch 2's,
+   the duplicate trained never, and batch 1 refused as late (`late_batch`).
+4. Batch 3 of an epoch far beyond the leases topic's end, which no sampler's lease can have given: it
    must be refused (`epoch_beyond_leases`), not trained (that would fence out every later batch of
    the node's sampler).
 Throughout, the trainer's committed offset must never pass a batch whose version is not announced,
@@ -21,6 +24,7 @@ says whether the group had a member that finished joining it (a first join can o
 
 from __future__ import annotations
 
+import math
 import time
 
 from sapo import storage
@@ -42,8 +46,9 @@ from sapo.conformance.results import Results
 from sapo.kafka import Record
 from sapo.kafka.dlq import H_DETAIL, H_REASON, H_SOURCE
 from sapo.node.lease import owner_id
+from sapo.trainer.settings import MAX_SEQUENCE_GAP
 from sapo.v1 import batch_pb2, lease_pb2, policy_pb2, work_pb2
-from sapo.wire import MAX_BATCH_GROUPS, SCHEMA_VERSION, header_str, message_headers
+from sapo.wire import MAX_BATCH_GROUPS, MAX_GROUP_COMPLETIONS, SCHEMA_VERSION, header_str, message_headers
 
 SAMPLER_LEASE_TTL_S = 60.0
 """The `ttl_s` of the sampler lease the kit takes and never renews: a trainer judges a batch's epoch by
@@ -224,29 +229,31 @@ def _scenario(run: _Run) -> None:
     run.watch_commits(t.quiet_s / 2)
 
     dead = _send_refused(run, batch0)
-    batch1 = run.batch(1, groups=0)
-    got2, why = run.trained(2, run.send_batch(batch1), t.timeout_s)
+    batch2 = run.batch(2, groups=0)
+    position2 = run.send_batch(batch2)
+    dead.append(_send_late(run))
+    got2, why = run.trained(2, position2, t.timeout_s)
     run.r.add(
         "keeps going after bad input",
         "§5.5",
         got2 is not None,
         "version 2 announced after the refused batches"
         if got2
-        else f"no version 2 for batch {batch1.batch_id}: {why}",
+        else f"no version 2 for batch {batch2.batch_id}: {why}",
     )
     if got2 is None:
         run.r.skip("refuses an epoch no lease gave", "§6", "no version 2 to follow")
     else:
         _check_epoch_beyond_leases(run)
     run.watch_commits(t.quiet_s)
-    _check_versions(run, {1: batch0.batch_id, 2: batch1.batch_id})
+    _check_versions(run, {1: batch0.batch_id, 2: batch2.batch_id})
     check_dead_letters(run.r, run.tail, topics, dead, t.timeout_s)
     updates = {u.version: u.epoch for _, u in run.updates()}
     items = {f"round {i.round} work item": i.epoch for _, i in run.items(0)[:1] + run.items(1)[:1]}
     check_lease(
         run.r, run.tail, topics, "trainer", {f"version {v}": e for v, e in sorted(updates.items())} | items
     )
-    _check_commits(run, batch1.batch_id)
+    _check_commits(run, batch2.batch_id)
 
 
 def _check_update(run: _Run, record: Record, update: policy_pb2.PolicyUpdate, *, expect_batch: str) -> None:
@@ -324,45 +331,58 @@ def _check_plan(run: _Run, round_: int) -> None:
 
 
 def _send_refused(run: _Run, batch0: batch_pb2.TrainingBatch) -> list[Rejected]:
-    node, topic = run.t.node, run.topics.batches
     run.send_batch(batch0)  # the same batch again: at-least-once delivery
-    dead: list[Rejected] = []
+    dead = [_send_rejected(run, b"kit-junk", b"\x0a\xff\xff\xff", "undecodable", "undecodable batch")]
 
-    def send(key: bytes, value: bytes, reason: str, what: str) -> None:
-        position = run.out.send(topic, key, value, message_headers("TrainingBatch", node, value))
-        dead.append(Rejected(position, key, value, reason, what))
+    def send(batch: batch_pb2.TrainingBatch, reason: str, what: str) -> None:
+        dead.append(_send_rejected(run, batch.batch_id.encode(), batch.SerializeToString(), reason, what))
 
-    send(b"kit-junk", b"\x0a\xff\xff\xff", "undecodable", "undecodable batch")
-    foreign = material.batch("kit-other", 1, [], epoch=run.epoch)
-    send(foreign.batch_id.encode(), foreign.SerializeToString(), "wrong_node", "batch for another node")
+    send(material.batch("kit-other", 1, [], epoch=run.epoch), "wrong_node", "batch for another node")
     sourceless = run.batch(1, groups=1)
     sourceless.groups[0].source = batch_pb2.GROUP_SOURCE_UNSPECIFIED
-    send(
-        sourceless.batch_id.encode(),
-        sourceless.SerializeToString(),
-        "missing_source",
-        "batch with a group of no source",
-    )
+    send(sourceless, "missing_source", "batch with a group of no source")
     crowded = run.batch(1, groups=1)
     crowded.groups.extend([crowded.groups[0]] * MAX_BATCH_GROUPS)
-    send(
-        crowded.batch_id.encode(),
-        crowded.SerializeToString(),
-        "too_many_groups",
-        f"batch of more than {MAX_BATCH_GROUPS} groups",
-    )
+    send(crowded, "too_many_groups", f"batch of more than {MAX_BATCH_GROUPS} groups")
+    wide = run.batch(1, groups=1)
+    group = wide.groups[0]
+    while len(group.group.completions) <= MAX_GROUP_COMPLETIONS:
+        i = len(group.group.completions) % 4
+        group.group.completions.add().CopyFrom(group.group.completions[i])
+        group.rewards.append(group.rewards[i])
+        group.advantages.append(group.advantages[i])
+    send(wide, "too_many_completions", f"batch with a group of more than {MAX_GROUP_COMPLETIONS} completions")
+    short = run.batch(1, groups=1)
+    del short.groups[0].rewards[-1]
+    send(short, "reward_length_mismatch", "batch with a reward missing for a completion")
+    unbounded = run.batch(1, groups=1)
+    unbounded.groups[0].advantages[0] = math.nan
+    send(unbounded, "nonfinite_advantage", "batch with a NaN advantage")
     fenced = run.batch(1, groups=1)
     fenced.epoch = run.epoch - 1
-    send(
-        fenced.batch_id.encode(), fenced.SerializeToString(), "fenced_batch", "batch of a fenced-out sampler"
-    )
+    send(fenced, "fenced_batch", "batch of a fenced-out sampler")
+    wild = run.batch(2 + MAX_SEQUENCE_GAP, groups=0)  # batch 0 was trained: sequence 1 is next
+    send(wild, "sequence_gap_too_large", f"batch more than {MAX_SEQUENCE_GAP} sequences ahead")
     return dead
 
 
+def _send_late(run: _Run) -> Rejected:
+    """Batch 1, sent after batch 2 (whose version it would have had): the trainer must refuse it."""
+    late = run.batch(1, groups=0)
+    value = late.SerializeToString()
+    return _send_rejected(run, late.batch_id.encode(), value, "late_batch", "batch 1, sent after batch 2")
+
+
+def _send_rejected(run: _Run, key: bytes, value: bytes, reason: str, what: str) -> Rejected:
+    """Send to the batch topic what the trainer must dead-letter as `reason`."""
+    headers = message_headers("TrainingBatch", run.t.node, value)
+    return Rejected(run.out.send(run.topics.batches, key, value, headers), key, value, reason, what)
+
+
 def _check_epoch_beyond_leases(run: _Run) -> None:
-    """Batch 2 of an epoch past the leases topic's end: dead-lettered as `epoch_beyond_leases` (the
+    """Batch 3 of an epoch past the leases topic's end: dead-lettered as `epoch_beyond_leases` (the
     trainer reads that topic until it is idle first), not trained."""
-    beyond = run.batch(2, groups=0)
+    beyond = run.batch(3, groups=0)
     beyond.epoch = EPOCH_BEYOND_LEASES
     position = run.send_batch(beyond)
 
@@ -403,7 +423,8 @@ def _check_versions(run: _Run, expected: dict[int, str]) -> None:
         "never trains a batch twice",
         "§9.2",
         not problems,
-        "; ".join(problems) or "the re-delivered batch 0 was skipped; version 2 is batch 1 (no groups)",
+        "; ".join(problems)
+        or "the re-delivered batch 0 was skipped; version 2 is batch 2 (no groups, after a gap)",
     )
 
 

@@ -7,7 +7,7 @@ operations. Every field is bounded; combinations that cannot work fail at start 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Self
+from typing import Final, Literal, Self
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -18,6 +18,10 @@ from sapo.grpo.config import LossConfig
 from sapo.models.settings import ModelSettings
 from sapo.settings import LeaseSettings, PeerMetricsSettings, RoundSettings, ServiceSettings
 from sapo.trainer.config import OptimConfig, Precision, Schedule, StepConfig
+
+MAX_SEQUENCE_GAP: Final = 10_000
+"""The contract's bound on how far ahead of the next expected sequence a batch may be and still be
+trained (docs/contract.md section 9.2): the default of `max_sequence_gap`."""
 
 
 class TrainerSettings(
@@ -143,7 +147,7 @@ class TrainerSettings(
         "quarantined: dead-lettered as poison_batch and the version advanced without training it.",
     )
     max_sequence_gap: int = Field(
-        10_000,
+        MAX_SEQUENCE_GAP,
         ge=1,
         le=2**62,
         description="A batch more than this many sequences ahead of the next expected one is refused "

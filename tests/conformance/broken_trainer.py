@@ -1,6 +1,7 @@
 """Broken trainers the conformance kit must fail (`python -m tests.conformance.broken_trainer MODE`):
 
-- `twice`: trains a re-delivered batch again (contract section 9.2), as a trainer without a ledger would.
+- `twice`: trains a re-delivered batch again (contract section 9.2), as a trainer that looks a batch up
+  in its ledger only to tell whether it is late would.
 - `no-checkpoint`: announces versions whose checkpoint was never written (section 9.3).
 - `early-commit`: commits a batch as it arrives, before the version that trains it is announced
   (section 5.4), as a trainer with auto-commit would.
@@ -28,13 +29,18 @@ from sapo.v1 import batch_pb2
 class TwiceTrainer(TrainerService):
     def start(self) -> None:
         super().start()
+        trainer = self.trainer
 
         def never(_batch: batch_pb2.TrainingBatch) -> bool:
             return False
 
-        # Neither a duplicate nor late: a re-delivered batch is trained again.
+        def late(batch: batch_pb2.TrainingBatch) -> bool:
+            state = trainer.state
+            return batch.sequence < state.next_sequence and not state.trained(batch.batch_id, batch.sequence)
+
+        # A re-delivered batch is neither a duplicate nor late, and is trained again; a late one is late.
         self.trainer.is_duplicate = never  # type: ignore[method-assign,assignment]
-        self.trainer.is_late = never  # type: ignore[method-assign,assignment]
+        self.trainer.is_late = late  # type: ignore[method-assign]
 
 
 class UncheckpointedTrainer(TrainerService):
@@ -47,14 +53,16 @@ class UncheckpointedTrainer(TrainerService):
 
 class EarlyCommitTrainer(TrainerService):
     COMMITTED_FOR_S = 3.0
-    """How long a batch stays committed before its version is announced: longer than the kit's
-    observations of the committed offset are apart."""
+    """How long the first batch stays committed before its version is announced: longer than the kit's
+    observations of the committed offset are apart. Later batches are committed as early, unheld: the
+    kit names the first early commit it sees, and most of its batches are refused anyway."""
 
     def handle(self, record: Record) -> Disposition:
         client = self.loop._client  # behind the loop's back: the loop commits only finished records
         client.store([(record.topic, record.partition, record.offset + 1)])
         client.commit()
-        time.sleep(self.COMMITTED_FOR_S)
+        if record.offset == 0:
+            time.sleep(self.COMMITTED_FOR_S)
         return super().handle(record)
 
 

@@ -109,6 +109,13 @@ def test_the_trainer_conforms(kafka_bootstrap: str, topic_prefix: str, tmp_path:
         results = run_kit(target("trainer", kafka_bootstrap, topic_prefix))
     assert results.passed, results.to_json() + (tmp_path / "log").read_text()[-3000:]
     assert len(results.checks) == 17
+    # Every refusal of contract sections 9.1 and 9.2 but `epoch_beyond_leases` (a check of its own).
+    refusals = next(c.detail for c in results.checks if c.name == "dead-letters malformed input")
+    reasons = (
+        "fenced_batch, late_batch, missing_source, nonfinite_advantage, reward_length_mismatch, "
+        "sequence_gap_too_large, too_many_completions, too_many_groups, undecodable, wrong_node"
+    )
+    assert f"10 dead letters on {TopicNames.for_node(NODE, topic_prefix).dlq} ({reasons})" in refusals
     # The kit's batches carry the epoch of a sampler lease it took, as a real sampler's do, but the one
     # no lease can have given.
     epochs = _sampler_acquisitions(kafka_bootstrap, topic_prefix)
