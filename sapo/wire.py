@@ -53,14 +53,14 @@ M = TypeVar("M", bound=Message)
 
 
 MAX_DETAIL_CHARS: Final = 400
+"""Longest `InvalidMessageError.detail`: details quote what a sender wrote (ids, header values), which
+may be huge, and go into log lines and dead-letter headers."""
 MAX_GROUP_COMPLETIONS: Final = 256
 """Completions a group may have (a generator's largest L): each is re-scored by a receiving sampler and
 becomes a row of its trainer's step, so a peer's group of thousands of tiny completions cost seconds
 of verification and gigabytes of training memory."""
 MAX_BATCH_GROUPS: Final = 512
 """Groups a training batch may have (a sampler's largest I + J)."""
-"""Longest `InvalidMessageError.detail`: details quote what a sender wrote (ids, header values), which
-may be huge, and go into log lines and dead-letter headers."""
 
 
 def clip(text: str, limit: int = MAX_DETAIL_CHARS) -> str:
