@@ -165,19 +165,25 @@ def test_a_groups_facts_header_restates_its_body() -> None:
     assert wire.facts_problem(group, headers) == "facts_mismatch"
 
 
+FACTS_ID = b"5b0e6c1f-3f1e-4c55-9a4e-2f8f0c6a3d11"
+"""A group id in its one spelling: each malformed header below is refused for the field it names."""
+
+
 @pytest.mark.parametrize(
     "raw",
     [
         b"f1;",
-        b"f1;id;1;2;3;d;1;2",
-        b"f1;id;x;2;3;d;1;2;1",
-        b"f1;id;-1;2;3;d;1;2;1",
-        b"f1;id;1;2;1000000000;d;1;2;1",
-        b"f1;id;1;2;3;d;1;2;2",
-        b"f1;\xffid;1;2;3;d;1;2;1",  # a text field that is not ASCII
+        b"f1;%s;1;2;3;d;1;2" % FACTS_ID,
+        b"f1;%s;x;2;3;d;1;2;1" % FACTS_ID,
+        b"f1;%s;-1;2;3;d;1;2;1" % FACTS_ID,
+        b"f1;%s;1;2;1000000000;d;1;2;1" % FACTS_ID,
+        b"f1;%s;1;2;3;d;1;2;2" % FACTS_ID,
+        b"f1;%s;1;2;3;\xffd;1;2;1" % FACTS_ID,  # a text field that is not ASCII
+        b"f1;id;1;2;3;d;1;2;1",  # a group id that is no UUID
     ],
 )
 def test_a_malformed_facts_header_is_a_facts_mismatch(raw: bytes) -> None:
+    assert wire.read_facts({wire.H_FACTS: b"f1;%s;1;2;3;d;1;2;1" % FACTS_ID}) is not None  # the form
     with pytest.raises(wire.InvalidMessageError) as info:
         wire.read_facts({wire.H_FACTS: raw})
     assert info.value.reason == "facts_mismatch"
