@@ -58,15 +58,22 @@ def _switches(native_id: int) -> int:
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads thread switches from Linux's /proc")
 def test_the_server_thread_sleeps_while_nobody_calls_and_stops_at_once() -> None:
     """No wake-ups at rest (every process of a node runs one), yet a stop ends the thread promptly and
-    a second stop is harmless."""
+    a second stop is harmless. The answer to a request can reach the client before the server thread
+    is back asleep (a busy host may hold it off the CPU for a while): a quiet window within a few
+    tries is what tells the two apart."""
     server = OpsServer(CollectorRegistry(), Health(), host="127.0.0.1", port=0).start()
     try:
         assert _get(server.port, "/healthz")[0] == 200
         threads = [t for t in threading.enumerate() if t.name == "ops-http"]
         ids = [t.native_id for t in threads if t.native_id is not None]
-        before = [_switches(i) for i in ids]
-        time.sleep(1.5)  # serve_forever's poll would wake three times
-        assert ids and [_switches(i) for i in ids] == before
+        quiet = False
+        for _ in range(4):
+            before = [_switches(i) for i in ids]
+            time.sleep(1.5)  # serve_forever's poll would wake three times
+            quiet = [_switches(i) for i in ids] == before
+            if quiet:
+                break
+        assert ids and quiet
     finally:
         server.stop()
     assert len([t for t in threading.enumerate() if t.name == "ops-http"]) == len(threads) - 1
