@@ -526,7 +526,7 @@ class ConsumerLoop:
     def _skipped_chunk(self, record: Record) -> bool:
         """Finish a chunk of a message refused before its last chunk; True when it was one."""
         chunk = chunk_of(record)
-        if chunk is None:
+        if chunk is None or chunk[0] < 0:  # a header that lies is refused alone, whatever id it names
             return False
         index, count, message_id = chunk
         slot = (record.tp, message_id)

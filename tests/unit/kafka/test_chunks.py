@@ -307,6 +307,22 @@ def test_first_chunks_never_followed_up_are_remembered_within_a_bound() -> None:
     assert len(consumer.loop._skipping) == MAX_SKIPPING
 
 
+def test_a_forged_chunk_header_under_a_skipped_message_s_id_is_refused_and_ends_no_skip() -> None:
+    """A chunk header that lies (index past count) is refused alone as bad_chunk_header, also under
+    the id of a message the loop skips: it was taken for that message's last chunk, finished unseen,
+    and the skip ended, so the message's real later chunk was refused a second time."""
+    bus = MemoryBus()
+    chunk = [(H_CHUNK_ID, b"m"), (H_CHUNK_SHA, b"0")]
+    bus.append("t", b"k", b"x", [(H_CHUNK, b"0/1000000000"), *chunk])  # oversized: its later chunks skipped
+    bus.append("t", b"k", b"x", [(H_CHUNK, b"5/2"), *chunk])
+    bus.append("t", b"k", b"x", [(H_CHUNK, b"1/1000000000"), *chunk])
+    consumer = Collecting(bus, MemoryPublisher(bus))
+    assert consumer.loop.run(idle_timeout_s=0.0) == 3
+    assert bus.committed[("g", ("t", 0))] == 3
+    assert [r.headers["sapo-dlq-reason"] for r in bus.topics["dlq"]] == [b"oversized", b"bad_chunk_header"]
+    assert list(consumer.loop._skipping) == [(("t", 0), "m")]
+
+
 def test_a_chunk_id_too_long_to_remember_is_a_forged_chunk_header() -> None:
     """What the loop remembers of refused messages is bounded by count: ids of 100 KB each would have
     made that bound ~400 MB (a megabyte each, 4 GB). Such a chunk is refused alone and forgotten."""
