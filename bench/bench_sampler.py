@@ -95,6 +95,7 @@ from sapo.sampler import (
     Unread,
     VerifyMode,
     arrival_facts,
+    claimed_sender,
     header_reason,
     make_assembler,
     parse,
@@ -265,6 +266,8 @@ class Sampler:
         now = time.time()
         node = header_str(record.headers, H_NODE)
         shed = self.assembler.sheds(node)  # as the service: no place for this peer, nothing else done
+        if shed is not None:
+            node = claimed_sender(node).node_id  # as the service without identity: a claim checked
         verdict = self._admit(record, now, node) if shed is None else shed
         self._count(verdict)
         reason = None if verdict == "pooled" else verdict
