@@ -66,26 +66,28 @@ class EarlyCommitTrainer(TrainerService):
         return super().handle(record)
 
 
-class EpochlessTrainer(TrainerService):
+class _FixedEpochTrainer(TrainerService):
+    """Judges every batch's sampler epoch alike, whatever the leases topic says."""
+
+    VOUCHES: bool
+
     def start(self) -> None:
         super().start()
         assert self.lease is not None
+        answer = self.VOUCHES
 
-        def never(_epoch: int) -> bool:
-            return False
+        def vouches(_epoch: int) -> bool:
+            return answer
 
-        self.lease.vouches = never  # type: ignore[method-assign,assignment]
+        self.lease.vouches = vouches  # type: ignore[method-assign,assignment]
 
 
-class AnyEpochTrainer(TrainerService):
-    def start(self) -> None:
-        super().start()
-        assert self.lease is not None
+class EpochlessTrainer(_FixedEpochTrainer):
+    VOUCHES = False
 
-        def always(_epoch: int) -> bool:
-            return True
 
-        self.lease.vouches = always  # type: ignore[method-assign,assignment]
+class AnyEpochTrainer(_FixedEpochTrainer):
+    VOUCHES = True
 
 
 if __name__ == "__main__":
