@@ -6,6 +6,8 @@ swarm (`tofu`) from first use. `identify` turns a message's headers into the ver
 `Rejection` whose reason is a metric label:
 
 - `unsigned`: no key id or signature header. `missing_node_id`: signed, but names no node.
+  `bad_node_id`: in an open swarm, the first key of a name that is no node id (section 1 of
+  docs/contract.md), which is never pinned; the same reason as without identity.
 - `bad_signature`: the signature does not verify (forged, edited headers, headers moved onto another
   body), or the public key header does not match the key id.
 - `identity_mismatch`: a valid signature by a key of node A on a message that claims node B.
@@ -58,6 +60,7 @@ from sapo.wire import H_NODE, SCHEMA_VERSION, header_str
 IDENTITY_REASONS: Final = (
     "unsigned",
     "missing_node_id",
+    "bad_node_id",
     "bad_signature",
     "identity_mismatch",
     "key_conflict",
@@ -67,12 +70,20 @@ IDENTITY_REASONS: Final = (
     "pin_limit",
 )
 HOSTILE: Final = frozenset(
-    {"unsigned", "missing_node_id", "bad_signature", "identity_mismatch", "key_conflict", "revoked_key"}
+    {
+        "unsigned",
+        "missing_node_id",
+        "bad_node_id",
+        "bad_signature",
+        "identity_mismatch",
+        "key_conflict",
+        "revoked_key",
+    }
 )
 """Reasons that mean the sender lies or is broken: dead-lettered, not just counted."""
 ANNOUNCEMENT_RESULTS: Final = (
     *("added", "rotated", "pinned", "revoked", "unchanged", "bad_statement"),
-    *(r for r in IDENTITY_REASONS if r not in ("unsigned", "missing_node_id")),
+    *(r for r in IDENTITY_REASONS if r not in ("unsigned", "missing_node_id", "bad_node_id")),
 )
 """What `TrustStore.apply` returns: the first five are accepted, the rest rejections."""
 MAX_ANNOUNCEMENT_BYTES: Final = 16 * 1024
@@ -218,7 +229,7 @@ class TrustStore:
         if not valid(public, signature, data):
             return Rejection("bad_signature", f"key {kid}")
         if not NODE_ID_RE.fullmatch(node):
-            return Rejection("missing_node_id", f"{node!r} is not a node id")
+            return Rejection("bad_node_id", f"{node!r} is not a node id")
         return self._pin(node, public)
 
     def _pin(self, node: str, public: Ed25519PublicKey) -> Sender | Rejection:

@@ -123,7 +123,7 @@ def test_tofu_never_pins_a_name_that_is_no_node_id() -> None:
     """A node id followed by a newline once passed the `^...$` pattern (Python's `$` matches before a
     final newline), and would have been pinned, counted and put in topic names."""
     store = TrustStore(tofu=True)
-    assert reason(store.identify(*signed("node-a\n", A), NOW)) == "missing_node_id"
+    assert reason(store.identify(*signed("node-a\n", A), NOW)) == "bad_node_id"
     assert store.take_new_pins() == []
 
 
