@@ -92,7 +92,11 @@ def unread(target: Target, watched: Sequence[tuple[Committed, Sequence[Position]
     joining = False
     for commits, sent in watched:
         tps = sorted({position[:2] for position in sent})
-        if max(commits.offsets(tps).values()) >= 0:
+        committed = commits.read(tps)
+        if committed is None:
+            clauses.append(f"the broker did not answer for {commits.group}'s committed offsets")
+            continue
+        if max(committed.values()) >= 0:
             continue
         state = group_state(target.kafka, commits.group, target.metadata_timeout_s)
         if state is ConsumerGroupState.STABLE:

@@ -89,13 +89,19 @@ class Committed:
         self.group = group
 
     def offsets(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
-        """The committed next offset per partition; -1 where the group committed nothing."""
+        """The committed next offset per partition; -1 where the group committed nothing, or where the
+        broker did not answer (`read` tells the two apart)."""
+        answered = self.read(tps)
+        return dict.fromkeys(tps, -1) if answered is None else answered
+
+    def read(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int] | None:
+        """As `offsets`, but None when the broker did not answer."""
         try:
             answers = self._consumer.committed(
                 [KafkaTopicPartition(t, p) for t, p in tps], timeout=self._timeout_s
             )
         except KafkaException:
-            return dict.fromkeys(tps, -1)
+            return None
         return {(a.topic, a.partition): max(a.offset, -1) for a in answers}
 
     def close(self) -> None:
