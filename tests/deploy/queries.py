@@ -79,9 +79,19 @@ def selectors(expr: str, scrape: Scrape) -> list[Selector]:
     return found
 
 
-def _argument(expr: str, start: int) -> tuple[int, int]:
-    """The span of the parenthesised expression that opens at or after `start`."""
-    opened = expr.index("(", start)
+def _argument(expr: str, clause: re.Match[str]) -> tuple[int, int]:
+    """The span of the aggregation's parenthesised argument: the one that closes right before the
+    clause (`sum(x) by (job)`), else the one that opens after it (`sum by (job) (x)`)."""
+    before = expr[: clause.start()].rstrip()
+    if before.endswith(")"):
+        closed = len(before) - 1
+        depth = 0
+        for i in range(closed, -1, -1):
+            depth += {")": 1, "(": -1}.get(expr[i], 0)
+            if depth == 0:
+                return i, closed
+        raise ValueError(f"unbalanced parentheses in {expr!r}")
+    opened = expr.index("(", clause.end())
     depth = 0
     for i in range(opened, len(expr)):
         depth += {"(": 1, ")": -1}.get(expr[i], 0)
@@ -101,7 +111,7 @@ def label_uses(expr: str, legend: str, scrape: Scrape) -> Iterator[tuple[str, li
     every = selectors(expr, scrape)
     for m in _CLAUSE.finditer(expr):
         if m[1] in ("by", "without"):
-            begin, end = _argument(expr, m.end())
+            begin, end = _argument(expr, m)
             scope = [s for s in every if begin < s.start < end]
         else:
             scope = every
