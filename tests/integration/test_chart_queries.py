@@ -42,8 +42,16 @@ class Scraper(threading.Thread):
         self.scrape = Scrape()
         self.scraped: set[str] = set()
         self.stop = threading.Event()
+        self.error: BaseException | None = None
+        """What ended the thread early (a scrape the parser refused, a failed write), for the test."""
 
     def run(self) -> None:
+        try:
+            self._scrape_until_stopped()
+        except BaseException as exc:
+            self.error = exc
+
+    def _scrape_until_stopped(self) -> None:
         while not self.stop.wait(1.0):
             for port_file in self.ports.glob("*"):
                 try:
@@ -108,6 +116,8 @@ def test_every_alert_and_dashboard_query_reads_what_the_services_export(
     finally:
         scraper.stop.set()
         scraper.join()
+    if scraper.error is not None:
+        raise scraper.error
 
     services = {f"node-{n}-{s}" for n in "ab" for s in ("generator", "sampler", "trainer")}
     assert scraper.scraped == services
