@@ -69,17 +69,10 @@ IDENTITY_REASONS: Final = (
     "retired_key",
     "pin_limit",
 )
-HOSTILE: Final = frozenset(
-    {
-        "unsigned",
-        "missing_node_id",
-        "bad_node_id",
-        "bad_signature",
-        "identity_mismatch",
-        "key_conflict",
-        "revoked_key",
-    }
-)
+ORDINARY: Final = frozenset({"unknown_key", "retired_key", "pin_limit"})
+"""Reasons that are ordinary in a shared swarm (a node not admitted, a rotated-out key, a full pin
+table): counted only."""
+HOSTILE: Final = frozenset(IDENTITY_REASONS) - ORDINARY
 """Reasons that mean the sender lies or is broken: dead-lettered, not just counted."""
 ANNOUNCEMENT_RESULTS: Final = (
     *("added", "rotated", "pinned", "revoked", "unchanged", "bad_statement"),
