@@ -15,7 +15,7 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from s3fs import S3FileSystem
@@ -74,4 +74,17 @@ def no_s3_credentials(s3_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/config")
     S3FileSystem.clear_instance_cache()  # a client made earlier in this process holds credentials
     yield s3_url
+    S3FileSystem.clear_instance_cache()
+
+
+@pytest.fixture
+def elsewhere(s3_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], None]]:
+    """Points this test's S3 clients at another endpoint; fsspec's cached clients keep the endpoint they
+    were made with, so none made before or during the test is reused."""
+
+    def point(endpoint: str) -> None:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+        S3FileSystem.clear_instance_cache()
+
+    yield point
     S3FileSystem.clear_instance_cache()

@@ -2,7 +2,7 @@
 
 Clients get explicit credentials and the endpoint through the same `AWS_*` variables a deployment sets
 (`S3Server.env`), so nothing ever looks for cloud credentials or a metadata service. Every test takes
-a fresh bucket (`create_bucket`).
+a fresh bucket (`create_bucket`). `slow_link` puts a slow network between a client and the server.
 """
 
 from __future__ import annotations
@@ -11,12 +11,14 @@ import contextlib
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from urllib.parse import urlparse
 
 import s3fs
 
@@ -93,3 +95,34 @@ def moto_server() -> Iterator[S3Server]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@contextlib.contextmanager
+def slow_link(endpoint: str, piece: int, pause_s: float) -> Iterator[str]:
+    """A TCP proxy to `endpoint` that passes the answers on `piece` bytes every `pause_s`."""
+    upstream = urlparse(endpoint)
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def pump(source: socket.socket, sink: socket.socket, slow: bool) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(piece if slow else 1 << 20):
+                sink.sendall(data)
+                if slow:
+                    time.sleep(pause_s)
+        for sock in (source, sink):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = listener.accept()
+                server = socket.create_connection((upstream.hostname, upstream.port))
+                threading.Thread(target=pump, args=(client, server, False), daemon=True).start()
+                threading.Thread(target=pump, args=(server, client, True), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.close()

@@ -7,7 +7,11 @@ the read, between rounds, so a burst of versions that arrived during a long roun
 one per version.
 
 A version is loaded only after its manifest matches the announced sha256 and every shard matches the
-manifest (`sapo.checkpoints`, verified while read), and only if every tensor fits the model. Any
+manifest (`sapo.checkpoints`, verified while read), and only if every tensor fits the model. The read
+and the verification run on a thread of their own (one at a time): the loop waits for them up to
+`LOAD_HOLD_S`, so a load that finishes within it serves the very next batch as before, and one from a
+slow or silent store goes on while the loop serves work with the weights it has (and keeps beating
+its liveness); the verified weights are swapped in on the loop's thread, between batches. Any
 failure leaves the old weights in place and is logged. A transient one (an object not visible yet, a
 store that did not answer) is retried with bounded backoff and counted per retry; a permanent one
 (digest mismatch, malformed, incompatible) or a version that stays unreadable past the give-up bound
@@ -31,9 +35,10 @@ with no lease to elect one; the copies name the same `sapo-dlq-source`).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from safetensors import SafetensorError
@@ -60,6 +65,10 @@ WEIGHTS_OK = "weights_ok"
 WEIGHTS_CURRENT = "weights_current"  # the liveness deadline's name
 _MAX_DRAIN = 1000
 _WARN_EVERY_S = 30.0
+LOAD_HOLD_S = 2.0
+"""How long the loop waits for a load it starts before going on with the weights it has: longer than a
+verified load of the bundled 135M model from local disk (under a second), so those stay synchronous."""
+_SETTLE_SLICE_S = 0.2
 MAX_CANDIDATES = 8
 """Announced versions kept for loading; the lowest gives way to a newer one (it would be superseded)."""
 POLICY_REASONS = (*DECODE_REASONS, *POLICY_UPDATE_REASONS, "foreign_node", "fenced_update")
@@ -109,6 +118,53 @@ def same_checkpoint(a: policy_pb2.PolicyUpdate, b: policy_pb2.PolicyUpdate) -> b
     return a.manifest_uri == b.manifest_uri and a.manifest_sha256 == b.manifest_sha256
 
 
+_TOLERATED = (CheckpointError, SafetensorError, OSError, ValueError, RuntimeError)
+"""What a bad checkpoint raises; it must not take the generator down (the old weights stay)."""
+
+
+@dataclass
+class Fetch:
+    """One version's manifest and weights, read and verified on a thread of its own."""
+
+    update: policy_pb2.PolicyUpdate
+    shapes: Mapping[str, tuple[int, ...]] | None
+    started: float = field(default_factory=time.perf_counter)
+    done: threading.Event = field(default_factory=threading.Event)
+    state: dict[str, torch.Tensor] | None = None
+    error: Exception | None = None
+
+    def start(self) -> Fetch:
+        # A daemon: a read from a store that never answers must not hold the process's exit.
+        threading.Thread(target=self._run, name=f"policy-load-v{self.update.version}", daemon=True).start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            self.state = read_verified(self.update, self.shapes)
+        except Exception as exc:  # handed to the loop's thread, which tolerates or raises it
+            self.error = exc
+        finally:
+            self.done.set()
+
+
+def read_verified(
+    update: policy_pb2.PolicyUpdate, shapes: Mapping[str, tuple[int, ...]] | None
+) -> dict[str, torch.Tensor]:
+    """The weights `update` announces, verified against its manifest and, given `shapes`, the model."""
+    manifest, directory = read_manifest(update.manifest_uri, update.manifest_sha256)
+    if manifest.node_id != update.node_id or manifest.version != update.version:
+        raise CheckpointError(
+            "malformed",
+            f"malformed manifest: it describes {manifest.node_id} v{manifest.version}, "
+            f"the update announced {update.node_id} v{update.version}",
+        )
+    # Tied copies are left out: the model ties them itself (the backend checks coverage).
+    state = load_weights(manifest, directory, tied=False)
+    if shapes is not None:
+        check_shapes(state, shapes)
+    return state
+
+
 class PolicyFollower:
     """Reads PolicyUpdates with a `ConsumerLoop` driven by `step()`, and loads the newest one."""
 
@@ -153,6 +209,7 @@ class PolicyFollower:
         self._shapes = shapes
         self._reload = reload
         self._candidates: dict[int, Candidate] = {}
+        self._fetch: Fetch | None = None
         self._epoch = 0
         self._behind = False
         self._wanted: int | None = None
@@ -187,20 +244,25 @@ class PolicyFollower:
                     log.warning("policy topic %s not assigned yet (does it exist?)", self._topic)
                     warned = now
             elif now - idle_since >= self._catchup_idle_s:
-                self._apply_pending()
+                if not self._settle():
+                    return False
                 self._track_behind()
                 log.info("policy caught up: announced v%d, loaded v%d", self.announced, self.loaded)
                 return True
         return False
 
     def poll(self, timeout_s: float) -> None:
-        """Wait up to `timeout_s` for updates, take everything already fetched, load the newest."""
+        """Wait up to `timeout_s` for updates (or for the load under way), take everything already
+        fetched, load the newest."""
+        if self._fetch is not None:  # what the loop waits for now; updates queue meanwhile
+            self._fetch.done.wait(timeout_s)
+            timeout_s = 0.0
         got = self._loop.step(timeout_s)
         for _ in range(_MAX_DRAIN):
             if not got:
                 break
             got = self._loop.step(0.0)
-        self._apply_pending()
+        self._apply_pending(LOAD_HOLD_S)
         self._track_behind()
 
     def wanted(self, version: int | None) -> None:
@@ -236,44 +298,67 @@ class PolicyFollower:
         if len(self._candidates) > MAX_CANDIDATES:
             del self._candidates[min(self._candidates)]
 
-    def _apply_pending(self) -> None:
-        """Load the newest candidate that loads now: newest first, each one failing transiently is
-        skipped until its backoff has passed, so a lower version loads while a higher one is retried."""
-        now = time.monotonic()
-        for version in sorted(self._candidates, reverse=True):
-            candidate = self._candidates.get(version)
-            if candidate is None or version <= self.loaded or not candidate.due(now):
-                continue
-            if self._load(candidate):
+    def _settle(self) -> bool:
+        """Load until no candidate is due and no load is under way (the catch-up's blocking load);
+        False if stopped first."""
+        self._apply_pending(0.0)
+        while self._fetch is not None:
+            if self._stop.is_set():
+                return False
+            self._health.beat()
+            self._fetch.done.wait(_SETTLE_SLICE_S)
+            self._apply_pending(0.0)
+        return True
+
+    def _apply_pending(self, hold_s: float) -> None:
+        """Finish the load under way if it is done; start one of the newest due candidate and wait up to
+        `hold_s` (in all) for the loads started here; repeat while loads finish. Newest first, each one
+        failing transiently is skipped until its backoff has passed, so a lower version loads while a
+        higher one is retried."""
+        deadline = time.monotonic() + hold_s
+        while True:
+            if self._fetch is None:
+                self._fetch = self._start_due()
+                if self._fetch is None:
+                    break
+                self._fetch.done.wait(max(0.0, deadline - time.monotonic()))
+            if not self._fetch.done.is_set():
                 break
+            fetch, self._fetch = self._fetch, None
+            self._finish(fetch)
         for version in [v for v in self._candidates if v <= self.loaded]:
             del self._candidates[version]
 
-    def _load(self, candidate: Candidate) -> bool:
-        update = candidate.update
-        started = time.perf_counter()
+    def _start_due(self) -> Fetch | None:
+        now = time.monotonic()
+        for version in sorted(self._candidates, reverse=True):
+            candidate = self._candidates[version]
+            if version > self.loaded and candidate.due(now):
+                return Fetch(candidate.update, self._shapes).start()
+        return None
+
+    def _finish(self, fetch: Fetch) -> None:
+        """Swap in what `fetch` read, or count its failure against its candidate. A candidate dropped or
+        announced again with another checkpoint while it was read is left to what replaced it."""
+        update = fetch.update
+        candidate = self._candidates.get(update.version)
+        if (
+            candidate is None
+            or not same_checkpoint(candidate.update, update)
+            or update.version <= self.loaded
+        ):
+            return
         try:
-            manifest, directory = read_manifest(update.manifest_uri, update.manifest_sha256)
-            if manifest.node_id != update.node_id or manifest.version != update.version:
-                raise CheckpointError(
-                    "malformed",
-                    f"malformed manifest: it describes {manifest.node_id} v{manifest.version}, "
-                    f"the update announced {update.node_id} v{update.version}",
-                )
-            # Tied copies are left out: the model ties them itself (the backend checks coverage).
-            state = load_weights(manifest, directory, tied=False)
-            if self._shapes is not None:
-                check_shapes(state, self._shapes)
-            self._backend.load_weights(state, update.version, owned=True)  # verified buffers, ours alone
-        # Tolerated by design: a bad checkpoint must not take the generator down; old weights stay.
-        except (CheckpointError, SafetensorError, OSError, ValueError, RuntimeError) as exc:
+            if fetch.state is None:  # what the read raised; anything not tolerated ends the loop as before
+                raise fetch.error or RuntimeError(f"the load of v{update.version} ended without weights")
+            self._backend.load_weights(fetch.state, update.version, owned=True)  # verified, ours alone
+        except _TOLERATED as exc:
             self._failed(candidate, failure_reason(exc), exc)
-            return False
-        seconds = time.perf_counter() - started
+            return
+        seconds = time.perf_counter() - fetch.started
         self._metrics.weight_load_seconds.observe(seconds)
         self._metrics.policy_version.set(update.version)
         log.info("loaded policy v%d from %s in %.2fs", update.version, update.manifest_uri, seconds)
-        return True
 
     def _failed(self, candidate: Candidate, reason: str, exc: Exception) -> None:
         """Schedule a retry of a transient failure, or reject the version (counted, not retried)."""

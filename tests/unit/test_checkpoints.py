@@ -15,12 +15,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from urllib.parse import urlparse
 
 import fsspec.config
 import pytest
 import torch
-from s3fs import S3FileSystem
 from safetensors.torch import load_file, save_file
 
 from sapo import storage
@@ -36,6 +34,7 @@ from sapo.checkpoints import (
 )
 from sapo.digests import ALGORITHMS, Hashing
 from sapo.tensorfile import TensorFileError, parse_tensors, write_tensors
+from tests.s3 import slow_link
 
 pytestmark = pytest.mark.unit
 
@@ -391,19 +390,6 @@ def _unreachable(kind: str) -> Iterator[str]:
             sock.close()
 
 
-@pytest.fixture
-def elsewhere(s3_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], None]]:
-    """Points this test's S3 clients at another endpoint; fsspec's cached clients keep the endpoint they
-    were made with, so none made before or during the test is reused."""
-
-    def point(endpoint: str) -> None:
-        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
-        S3FileSystem.clear_instance_cache()
-
-    yield point
-    S3FileSystem.clear_instance_cache()
-
-
 def _finishes_within(seconds: float, call: Callable[[], object]) -> BaseException | None:
     """The exception `call` raised, failing the test if it runs longer than `seconds` (a daemon thread:
     a call that hangs for minutes does not hold up the suite)."""
@@ -454,37 +440,6 @@ def test_store_limits_are_botocore_config_and_operators_override_them(
     assert "FSSPEC_S3_CONFIG_KWARGS" in str(storage.store_problem("s3://bucket/prefix"))
 
 
-@contextlib.contextmanager
-def _slow_link(endpoint: str, piece: int, pause_s: float) -> Iterator[str]:
-    """A TCP proxy to `endpoint` that passes the answers on `piece` bytes every `pause_s`."""
-    upstream = urlparse(endpoint)
-    listener = socket.create_server(("127.0.0.1", 0))
-
-    def pump(source: socket.socket, sink: socket.socket, slow: bool) -> None:
-        with contextlib.suppress(OSError):
-            while data := source.recv(piece if slow else 1 << 20):
-                sink.sendall(data)
-                if slow:
-                    time.sleep(pause_s)
-        for sock in (source, sink):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-
-    def serve() -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                client, _ = listener.accept()
-                server = socket.create_connection((upstream.hostname, upstream.port))
-                threading.Thread(target=pump, args=(client, server, False), daemon=True).start()
-                threading.Thread(target=pump, args=(server, client, True), daemon=True).start()
-
-    threading.Thread(target=serve, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    finally:
-        listener.close()
-
-
 def test_a_shard_that_takes_longer_than_the_read_timeout_to_arrive_slowly_still_loads(
     s3_url: str, elsewhere: Callable[[str], None], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -494,7 +449,7 @@ def test_a_shard_that_takes_longer_than_the_read_timeout_to_arrive_slowly_still_
     written = CheckpointStore(s3_url).publish("n1", 1, {"w": tensor}, base_model="tiny:0").written
     assert written is not None
     monkeypatch.setitem(fsspec.config.conf, "s3", {"config_kwargs": {"read_timeout": 1}})
-    with _slow_link(os.environ["AWS_ENDPOINT_URL"], 64 * 1024, 0.1) as endpoint:
+    with slow_link(os.environ["AWS_ENDPOINT_URL"], 64 * 1024, 0.1) as endpoint:
         elsewhere(endpoint)
         started = time.monotonic()
         manifest, directory = read_manifest(written.manifest_uri, written.manifest_sha256)

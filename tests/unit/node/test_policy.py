@@ -1,9 +1,10 @@
 """Weight hot-reload: verified checkpoints swap in; corrupt or misfit ones are rejected; ones not visible
 yet are retried with backoff (lower versions loading meanwhile), given up after a bound, and a generator
-whose announced versions stay unresolved stops being live."""
+whose announced versions stay unresolved stops being live; a slow load does not hold the loop."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +18,9 @@ from sapo import storage
 from sapo.backends import TransformersBackend
 from sapo.generator import ReloadPolicy
 from sapo.models import build_tiny_model, parse_tiny_ref
+from sapo.node.policy import LOAD_HOLD_S
 from sapo.v1 import policy_pb2
+from tests.s3 import slow_link
 from tests.unit.generator.harness import (
     MemoryGenerator,
     flip_byte,
@@ -309,3 +312,24 @@ def test_a_manifest_url_this_generator_cannot_open_is_rejected_not_a_crash(
     good = write_checkpoint(tmp_path / "good", "node-a", 2, _state(tokenizer, "tiny:2"))
     _announce(gen, policy_update(good, "node-a", 2))
     assert gen.follower.loaded == 2
+
+
+def test_a_load_slower_than_the_hold_goes_on_while_the_loop_does(
+    gen: MemoryGenerator, tokenizer: PreTrainedTokenizerBase, s3_url: str, elsewhere: Callable[[str], None]
+) -> None:
+    """A version read over a slow link (its answers at most 2 MB/s: the tiny model's weights take several
+    times the hold) leaves the loop with the old weights, not ready and alive, and is swapped in once
+    read."""
+    state = _state(tokenizer, "tiny:1")
+    written = write_checkpoint(s3_url, "node-a", 1, state)
+    before = _weights(gen)
+    piece = 200 * 1024
+    assert sum(entry.bytes for entry in written.manifest.weights) > 3 * LOAD_HOLD_S * piece / 0.1
+    with slow_link(os.environ["AWS_ENDPOINT_URL"], piece, 0.1) as endpoint:
+        elsewhere(endpoint)
+        _announce(gen, policy_update(written, "node-a", 1))
+        assert gen.follower.loaded == 0 and torch.equal(_weights(gen), before)
+        assert gen.health.failing() == ["weights_ok"] and gen.health.alive()
+        _poll_until(gen, lambda: gen.follower.loaded == 1, timeout_s=60.0)
+    assert torch.equal(_weights(gen), state["model.layers.0.mlp.up_proj.weight"])
+    assert gen.health.failing() == [] and gen.metric(RETRIES, {"reason": "unavailable"}) == 0
