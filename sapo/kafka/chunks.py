@@ -5,7 +5,9 @@ key (so the same partition), each carrying the headers of the whole message plus
 
 - `sapo-chunk`: `<index>/<count>` (0-based),
 - `sapo-chunk-id`: one id for the message, the same on every chunk,
-- `sapo-chunk-sha256`: the digest of the whole payload, checked when it is reassembled.
+- `sapo-chunk-sha256`: the digest of the whole payload, checked when it is reassembled,
+- on the first chunk only, `sapo-chunk-digests`: the raw SHA-256 of every chunk in order (32 bytes
+  each, the first's own included), when the message has at most `MAX_PINNED_CHUNKS` chunks.
 
 Consumers reassemble (`Reassembler`): the chunks of one message arrive in order within their
 partition (one producer, idempotent), possibly interleaved with other producers' messages. The
@@ -23,15 +25,34 @@ second generator replica that took over the work item), or after `stale_s` witho
 hold it open), so its offsets do not hold the partition's commits back for long. A message is never
 given up because another one starts under its key: keys are public (group and batch ids), and a
 single forged first chunk under a peer's key would otherwise drop that peer's message in flight; a
-forged copy that completes cannot carry the digest of the real payload. A forged chunk under the open
-message's own id (public once its first chunk is on the topic), written between its chunks, does
-drop it: nothing tells that chunk from the real one before the whole payload's digest is checked.
+forged copy that completes cannot carry the digest of the real payload.
+
+A forged chunk under the open message's own id (public once its first chunk is on the topic),
+written between its chunks, is told from the real one by the digests its first chunk pinned: a
+chunk that is not the message's next one as pinned (another index, even a real chunk's copied from a
+cut-short copy of the same payload; another count; another digest than pinned at its index) is
+refused alone (`forged_chunk`), and the message stays open for its real next chunk (a refused chunk
+does not put off its going stale). A chunk the writer lost (a delivery that timed out between two
+that did not) thus leaves the message open until `stale_s`, its later chunks each refused alone; a
+loss costs the message either way. Nobody but the writer can pin: the first chunk is on the topic
+before its id is known to anyone else (ids are random), and a record on a topic cannot be changed.
+The first chunk is checked against its own pin too: a digests header of another length than 32
+bytes a chunk, or one its own chunk does not match, is a chunk header that lies (`bad_chunk_header`,
+its message's later chunks skipped). A message whose first chunk pins nothing (an older writer, or
+more than `MAX_PINNED_CHUNKS` chunks) is dropped by such a forged chunk as before
+(`incomplete_message` or `chunk_digest_mismatch`): nothing tells it from the real one before the
+whole payload's digest is checked. Readers that predate the pins read every header by name, so they
+reassemble as before and only hand the header on among the assembled message's, where nothing
+reads it. Pinning costs a chunked message one more SHA-256 pass on each side (under 1 ms a MiB);
+a whole message costs nothing more.
+
 Each of these costs constant time however many messages are open: they are kept in the order of
 their latest chunk and indexed by key and digest, since the loop hands every record to the
-reassembler while one is open. What cannot be assembled (too large, cut short, a digest mismatch)
-comes back as an `Incomplete` whose records the caller finishes, counts and dead-letters, except a
-superseded copy (`delivered`), which is counted only: its payload was delivered whole. One given up
-before its last chunk says so (`more`), and the caller skips its later chunks.
+reassembler while one is open. What cannot be assembled (too large, cut short, a digest mismatch, a
+forged chunk) comes back as an `Incomplete` whose records the caller finishes, counts and
+dead-letters, except a superseded copy (`delivered`), which is counted only: its payload was
+delivered whole. One given up before its last chunk says so (`more`), and the caller skips its later
+chunks.
 
 Why chunking rather than raising limits: Apache Kafka's broker limit is about 1 MB by default, a
 reasoning-length rollout group (16 completions x 8k tokens with token ids and log-probs) is larger,
@@ -54,15 +75,20 @@ from sapo.kafka.records import Header, Record, TopicPartition
 H_CHUNK: Final = "sapo-chunk"
 H_CHUNK_ID: Final = "sapo-chunk-id"
 H_CHUNK_SHA: Final = "sapo-chunk-sha256"
-CHUNK_HEADERS: Final = (H_CHUNK, H_CHUNK_ID, H_CHUNK_SHA)
+H_CHUNK_DIGESTS: Final = "sapo-chunk-digests"
+CHUNK_HEADERS: Final = (H_CHUNK, H_CHUNK_ID, H_CHUNK_SHA, H_CHUNK_DIGESTS)
 SUPERSEDED: Final = "superseded"
 """The reason a cut-short copy is given up once another copy of its payload completed."""
+BAD_CHUNK_HEADER: Final = "bad_chunk_header"
+FORGED_CHUNK: Final = "forged_chunk"
+"""The reason a chunk is refused alone under an open message whose first chunk pinned another."""
 CHUNK_REASONS: Final = (
-    "bad_chunk_header",
+    BAD_CHUNK_HEADER,
     "incomplete_message",
     "oversized",
     "evicted_incomplete",
     "chunk_digest_mismatch",
+    FORGED_CHUNK,
     SUPERSEDED,
 )
 """Every reason an `Incomplete` gives (a superseded copy is counted, never dead-lettered)."""
@@ -78,6 +104,14 @@ there: `sapo.kafka.consumer.MAX_SKIPPING`), so a peer's megabyte ids must not be
 HEADROOM_BYTES: Final = 64 * 1024
 """Kept free in every message for headers and the record framing, so a chunk plus its overhead fits
 the broker's limit."""
+DIGEST_BYTES: Final = hashlib.sha256().digest_size
+MAX_PINNED_CHUNKS: Final = 1024
+"""Most chunks whose digests a writer pins on the first chunk: 32 KiB of raw digests, half of
+`HEADROOM_BYTES`, leaving the other half to the message's own headers. Raw rather than hex: twice the
+chunks in the same headroom and no decoding (any 32 bytes are a digest, so the length is all a reader
+checks). A message of more chunks (over ~1 GB at the default 1 MiB message limit, or a limit set far
+below it) goes out unpinned. Readers take a pin of any count: its length is bound to the count, and
+the broker already took the record."""
 
 
 def chunk_size(max_message_bytes: int) -> int:
@@ -93,13 +127,18 @@ def split(value: bytes, headers: Sequence[Header], size: int) -> list[tuple[byte
     message_id = uuid.uuid4().hex.encode()
     digest = hashlib.sha256(value).hexdigest().encode()
     base = [(k, v) for k, v in headers if k not in CHUNK_HEADERS]
-    return [
+    pieces = [
         (
             value[i * size : (i + 1) * size],
             [*base, (H_CHUNK, f"{i}/{count}".encode()), (H_CHUNK_ID, message_id), (H_CHUNK_SHA, digest)],
         )
         for i in range(count)
     ]
+    if count <= MAX_PINNED_CHUNKS:
+        pieces[0][1].append(
+            (H_CHUNK_DIGESTS, b"".join(hashlib.sha256(piece).digest() for piece, _ in pieces))
+        )
+    return pieces
 
 
 def chunk_of(record: Record) -> tuple[int, int, str] | None:
@@ -145,6 +184,8 @@ class _Open:
     """Payload bytes so far."""
     held: int = 0
     """What its chunks count against the pending limit (`_held_bytes`)."""
+    pins: bytes | None = None
+    """The first chunk's `sapo-chunk-digests` (`DIGEST_BYTES` a chunk), None when it pinned nothing."""
 
 
 class Reassembler:
@@ -178,6 +219,10 @@ class Reassembler:
         """Whether a message is open (a stale one is given up by the next `add`)."""
         return bool(self._open)
 
+    def is_open(self, tp: TopicPartition, message_id: str) -> bool:
+        """Whether a message is open under `message_id` in `tp`."""
+        return (tp, message_id) in self._open
+
     def add(self, record: Record) -> Record | None:
         """The assembled message once `record` completes it, else None (the chunk is held; check
         `take_dropped` for what was given up)."""
@@ -188,7 +233,7 @@ class Reassembler:
         index, count, message_id = found
         slot = (record.tp, message_id)
         if index < 0:
-            self.dropped.append(Incomplete("bad_chunk_header", (record,)))
+            self.dropped.append(Incomplete(BAD_CHUNK_HEADER, (record,)))
             return None
         current = self._open.get(slot)
         if current is None:
@@ -198,9 +243,19 @@ class Reassembler:
             if (count - 1) * len(record.value or b"") >= self._max_payload:
                 self.dropped.append(Incomplete("oversized", (record,), more=count > 1))
                 return None
+            pins = record.headers.get(H_CHUNK_DIGESTS)
+            if pins is not None and (len(pins) != count * DIGEST_BYTES or not _pinned(pins, 0, record)):
+                self.dropped.append(Incomplete(BAD_CHUNK_HEADER, (record,), more=count > 1))
+                return None
             copy = (record.tp, record.key, record.headers.get(H_CHUNK_SHA, b""))
-            current = self._open[slot] = _Open(count, copy, now)
+            current = self._open[slot] = _Open(count, copy, now, pins=pins)
             self._copies.setdefault(copy, {})[slot] = None
+        elif current.pins is not None and (
+            index != len(current.parts) or count != current.count or not _pinned(current.pins, index, record)
+        ):
+            # Not the writer's next chunk: refused alone, the message waits for that one.
+            self.dropped.append(Incomplete(FORGED_CHUNK, (record,)))
+            return None
         elif index != len(current.parts) or count != current.count:  # a chunk lost, or sent twice
             self._give_up(slot, "incomplete_message", extra=(record,), more=index < count - 1)
             return None
@@ -274,6 +329,12 @@ class Reassembler:
     def take_dropped(self) -> list[Incomplete]:
         dropped, self.dropped = self.dropped, []
         return dropped
+
+
+def _pinned(pins: bytes, index: int, record: Record) -> bool:
+    """Whether `record` is the chunk `pins` pinned at `index`."""
+    pinned = pins[index * DIGEST_BYTES : (index + 1) * DIGEST_BYTES]
+    return hashlib.sha256(record.value or b"").digest() == pinned
 
 
 def _held_bytes(record: Record) -> int:

@@ -14,8 +14,11 @@ Delivery semantics (at-least-once):
   it commits what is finished.
 - Chunked messages (`sapo.kafka.chunks`) are reassembled before the handler sees them; a message's
   chunks stay unfinished until the message is, and what cannot be reassembled is counted,
-  dead-lettered (its first chunk) and finished. The prefilter judges a chunked message once, by its
-  first chunk's headers (the message's own): one it refuses is skipped chunk by chunk, never buffered.
+  dead-lettered (its first chunk) and finished. A chunk refused alone (a header that lies, a forged
+  chunk under an open message's id) is finished alone: the open message's offsets, below or around
+  it, stay unfinished until the message is. The prefilter judges a chunked message once, by its
+  first chunk's headers (the message's own): one it refuses is skipped chunk by chunk, never
+  buffered; a first chunk under the id of a message already open is the reassembler's to judge.
 - No message stops the loop: a handler raising `InvalidMessageError` has its record counted,
   dead-lettered and finished; any other exception a message causes is treated the same way under the
   reason "handler_error" (logged with its traceback: it is a bug to fix), unless the loop was built
@@ -530,7 +533,14 @@ class ConsumerLoop:
             return False
         index, count, message_id = chunk
         slot = (record.tp, message_id)
-        if index == 0 and self._prefilter is not None and (reason := self._prefilter(record)) is not None:
+        # A first chunk under an open message's id is not that message's start: the reassembler judges
+        # it, so that a forged one the prefilter refuses cannot have the open message's chunks skipped.
+        if (
+            index == 0
+            and self._prefilter is not None
+            and not self._reassembler.is_open(*slot)
+            and (reason := self._prefilter(record)) is not None
+        ):
             self._metrics.rejected.inc(reason)
             self._skip(slot, reason)
         if slot not in self._skipping:

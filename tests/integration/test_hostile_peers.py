@@ -1,6 +1,6 @@
 """Hostile peers on the swarm topic against a real sampler on the broker: records a plain producer
 writes as any client of the swarm topic may, each refused, counted and dead-lettered, and the good
-group sent after them still taken."""
+group sent after or around them still taken."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 import confluent_kafka
 import pytest
 
-from sapo.kafka.chunks import H_CHUNK, H_CHUNK_ID, H_CHUNK_SHA
+from sapo.kafka.chunks import H_CHUNK, H_CHUNK_DIGESTS, H_CHUNK_ID, H_CHUNK_SHA, split
 from sapo.kafka.dlq import H_REASON, H_SERVICE, H_SOURCE, H_TIME
 from sapo.sampler.settings import SamplerSettings
 from sapo.v1 import batch_pb2, rollout_pb2
@@ -101,3 +101,65 @@ def test_hostile_records_are_dead_lettered_and_the_good_group_after_them_is_take
         (f"{swarm}/0/5".encode(), b"bad_group_id"),
     ]
     assert all(r.headers[H_SERVICE] == b"sampler" and r.headers[H_TIME].isdigit() for r in dead)
+
+
+def test_a_forged_chunk_under_an_open_group_s_id_is_refused_alone_and_the_group_taken(
+    kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """A group in chunks, and between its chunks a peer's chunk under its chunk id (public once the
+    first chunk is on the topic): the forged chunk dropped the group in flight. It is refused alone
+    against the digests the first chunk pinned, and the group completes with its real chunk."""
+    topics = _topics(kafka_bootstrap, topic_prefix)
+    records = iter(questions(node_seed=62, count=2))
+    producer = confluent_kafka.Producer({"bootstrap.servers": kafka_bootstrap})
+    taken = real_group(next(records), "peer-2")
+    value, headers = encoded(taken)
+    pieces = split(value, headers, -(-len(value) // 3))
+    assert len(pieces) == 3 and H_CHUNK_DIGESTS in dict(pieces[0][1])
+    forged = (b"\0" * len(pieces[2][0]), pieces[2][1])
+
+    def send(topic: str, key: bytes, value: bytes, headers: list[tuple[str, bytes]]) -> None:
+        written: list[tuple[str, str | bytes | None]] = list(headers)
+        producer.produce(topic, value, key, headers=written)
+
+    for piece, piece_headers in [*pieces[:2], forged, pieces[2]]:
+        send(topics.swarm_rollouts, taken.group_id.encode(), piece, piece_headers)
+    send(topics.rollouts, b"local", *encoded(real_group(next(records), NODE)))
+    assert producer.flush(30) == 0
+
+    settings = SamplerSettings(
+        node_id=NODE,
+        topic_prefix=topic_prefix,
+        round_mode="async",
+        local_groups=1,
+        external_groups=1,
+        expected_peers=1,
+        max_per_source=1,
+        recovery_idle_s=1.0,
+    )
+    core, registry, health, publisher = _in_process_core(kafka_bootstrap, topics, settings)
+    try:
+        core.local.open()
+        core.swarm.open()
+        deadline = time.monotonic() + 40
+        while core.sequence < 1 and time.monotonic() < deadline:
+            core.step()
+        assert health.failing() == []
+        assert publisher.flush(10) == 0
+    finally:
+        core.close()
+    batches, letters = TopicReader(kafka_bootstrap, topics.batches), TopicReader(kafka_bootstrap, topics.dlq)
+    try:
+        [batch] = batches.batches(1, timeout_s=20)
+        dead = letters.until(2, timeout_s=5)  # whatever was dead-lettered (one key: the group's)
+    finally:
+        batches.close()
+        letters.close()
+
+    external = [bg.group.group_id for bg in batch.groups if bg.source == batch_pb2.GROUP_SOURCE_EXTERNAL]
+    assert external == [taken.group_id]
+    assert registry.get_sample_value("sapo_sampler_messages_rejected_total", {"reason": "forged_chunk"}) == 1
+    swarm = topics.swarm_rollouts
+    assert [(r.headers[H_SOURCE], r.headers[H_REASON]) for r in dead] == [
+        (f"{swarm}/0/2".encode(), b"forged_chunk")
+    ]

@@ -4,6 +4,7 @@ reassembled (too large, cut short, tampered) holds a partition back."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -13,7 +14,16 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sapo.kafka import ConsumerLoop, DeadLetters, Disposition, Record, TransportMetrics
-from sapo.kafka.chunks import H_CHUNK, H_CHUNK_ID, H_CHUNK_SHA, Reassembler, chunk_size, split
+from sapo.kafka.chunks import (
+    H_CHUNK,
+    H_CHUNK_DIGESTS,
+    H_CHUNK_ID,
+    H_CHUNK_SHA,
+    MAX_PINNED_CHUNKS,
+    Reassembler,
+    chunk_size,
+    split,
+)
 from sapo.kafka.consumer import MAX_SKIPPING
 from sapo.kafka.memory import MemoryBus, MemoryConsumerClient, MemoryPublisher
 from sapo.lifecycle import StopFlag
@@ -26,6 +36,11 @@ Piece = tuple[bytes, list[tuple[str, bytes]]]
 
 def records(pieces: list[tuple[bytes, list[tuple[str, bytes]]]], key: bytes, start: int = 0) -> list[Record]:
     return [Record("t", 0, start + i, key, value, dict(h)) for i, (value, h) in enumerate(pieces)]
+
+
+def unpinned(pieces: list[Piece]) -> list[Piece]:
+    """`pieces` as a writer that pins no chunk digests sends them (one that predates the pins)."""
+    return [(value, [(k, v) for k, v in headers if k != H_CHUNK_DIGESTS]) for value, headers in pieces]
 
 
 def test_small_messages_pass_unchanged_and_large_ones_split_within_the_limit() -> None:
@@ -64,7 +79,9 @@ def test_chunks_reassemble_across_interleaved_producers() -> None:
     ],
 )
 def test_messages_that_cannot_be_reassembled_are_given_up(mutate: object, reason: str) -> None:
-    pieces = records(split(os.urandom(25), [], 10), b"k")
+    """As an older writer sends them, with no chunk digests pinned (a pinned message refuses a chunk
+    that is not its next one alone: `test_a_forged_chunk_under_a_pinned_message_s_id_is_refused_alone`)."""
+    pieces = records(unpinned(split(os.urandom(25), [], 10)), b"k")
     reassembler = Reassembler(1000, 1000)
     for record in mutate(pieces):  # type: ignore[operator]
         assert reassembler.add(record) is None
@@ -98,6 +115,82 @@ def test_a_first_chunk_under_a_peers_key_leaves_the_peers_message_open() -> None
     assembled = [reassembler.add(r) for r in honest[1:]]
     assert assembled[-1] is not None and assembled[-1].value == value
     assert reassembler.take_dropped() == []
+
+
+def test_the_first_chunk_pins_the_digest_of_every_chunk_within_a_bound() -> None:
+    value = os.urandom(25)
+    pieces = split(value, [], 10)
+    pins = dict(pieces[0][1])[H_CHUNK_DIGESTS]
+    assert pins == b"".join(hashlib.sha256(piece).digest() for piece, _ in pieces)
+    assert all(H_CHUNK_DIGESTS not in dict(headers) for _, headers in pieces[1:])
+    assert H_CHUNK_DIGESTS not in dict(split(value, [], 25)[0][1])  # a whole message: nothing to pin
+    pinned = split(os.urandom(MAX_PINNED_CHUNKS), [], 1)
+    assert len(dict(pinned[0][1])[H_CHUNK_DIGESTS]) == 32 * MAX_PINNED_CHUNKS  # 32 KiB: half the headroom
+    unpinned_ = split(os.urandom(MAX_PINNED_CHUNKS + 1), [], 1)
+    assert H_CHUNK_DIGESTS not in dict(unpinned_[0][1])  # too many to fit the headroom: sent as before
+
+
+def forged(real: Record, offset: int, **change: Any) -> Record:
+    """A chunk a peer writes under `real`'s message id: `real` at `offset`, with `change` applied."""
+    return dataclasses.replace(real, offset=offset, **change)
+
+
+FORGERIES: dict[str, Callable[[list[Record], list[Record]], Record]] = {
+    "another payload": lambda rs, _: forged(rs[2], 50, value=b"x" * 10),
+    "the first chunk again": lambda rs, _: forged(rs[0], 50),
+    "a chunk already taken": lambda rs, _: forged(rs[1], 50),
+    "a real chunk not yet due": lambda rs, cut: forged(
+        cut[3], 50, headers={**cut[3].headers, H_CHUNK_ID: rs[0].headers[H_CHUNK_ID]}
+    ),
+    "another count": lambda rs, _: forged(rs[2], 50, headers={**rs[2].headers, H_CHUNK: b"2/5"}),
+}
+"""Chunks that are not the message's next one (its third of four), each written after its second:
+`rs` are the message's records, `cut` those of a copy of the same payload under another id, cut short
+(a peer copies a chunk of it whose digest the message pinned)."""
+
+
+@pytest.mark.parametrize("forge", FORGERIES.values(), ids=FORGERIES.keys())
+def test_a_forged_chunk_under_a_pinned_message_s_id_is_refused_alone(
+    forge: Callable[[list[Record], list[Record]], Record],
+) -> None:
+    """The message's id is public once its first chunk is on the topic: a chunk written under it
+    dropped the message in flight. It is refused alone now and the message completes."""
+    value = os.urandom(40)
+    honest = records(split(value, [], 10), b"k")
+    cut = records(split(value, [], 10), b"k", start=20)
+    reassembler = Reassembler(1000, 100_000)
+    assert [reassembler.add(r) for r in honest[:2]] == [None, None]
+    bad = forge(honest, cut)
+    assert reassembler.add(bad) is None
+    dropped = reassembler.take_dropped()
+    assert [(d.reason, d.parts, d.more) for d in dropped] == [("forged_chunk", (bad,), False)]
+    assembled = [reassembler.add(r) for r in honest[2:]][-1]
+    assert assembled is not None and assembled.value == value
+    assert [p.offset for p in assembled.parts] == [0, 1, 2, 3]  # the forged chunk is none of them
+    assert reassembler.take_dropped() == [] and reassembler.pending_bytes == 0
+
+
+def test_a_message_an_older_writer_did_not_pin_is_dropped_by_a_forged_chunk_as_before() -> None:
+    honest = records(unpinned(split(os.urandom(30), [], 10)), b"k")
+    reassembler = Reassembler(1000, 100_000)
+    bad = forged(honest[1], 50, value=b"x" * 10)
+    assert [reassembler.add(r) for r in (honest[0], bad, *honest[1:])] == [None] * 4
+    given_up = reassembler.take_dropped()[0]
+    assert (given_up.reason, given_up.parts) == ("incomplete_message", (honest[0], bad, honest[1]))
+
+
+@pytest.mark.parametrize(
+    "pins",
+    [b"", b"\0" * 95, b"\0" * 97, b"\0" * 96],
+    ids=["empty", "short", "long", "not the first chunk's"],
+)
+def test_a_first_chunk_with_a_malformed_digests_header_is_a_bad_chunk_header(pins: bytes) -> None:
+    first = records(split(os.urandom(30), [], 10), b"k")[0]
+    reassembler = Reassembler(1000, 100_000)
+    bad = dataclasses.replace(first, headers={**first.headers, H_CHUNK_DIGESTS: pins})
+    assert reassembler.add(bad) is None
+    assert [(d.reason, d.more) for d in reassembler.take_dropped()] == [("bad_chunk_header", True)]
+    assert not reassembler.has_open
 
 
 def test_oversized_and_stale_messages_are_given_up() -> None:
@@ -351,9 +444,10 @@ def test_a_chunk_id_too_long_to_remember_is_a_forged_chunk_header() -> None:
 def test_a_message_broken_in_the_middle_is_one_rejection_and_all_its_chunks_are_committed(
     mutate: Callable[[list[Piece]], list[Piece]],
 ) -> None:
-    """Its later chunks cannot form a message either: skipped, not dead-lettered one by one."""
+    """Its later chunks cannot form a message either: skipped, not dead-lettered one by one. As an
+    older writer sends them (a pinned message refuses a chunk out of place alone: below)."""
     bus = MemoryBus()
-    pieces = mutate(split(os.urandom(60), [], 10))
+    pieces = mutate(unpinned(split(os.urandom(60), [], 10)))
     for value, headers in pieces:
         bus.append("t", b"big", value, headers)
     bus.append("t", b"small", b"after", [])
@@ -366,6 +460,74 @@ def test_a_message_broken_in_the_middle_is_one_rejection_and_all_its_chunks_are_
     )
     assert rejected == 1
     assert bus.committed[("g", ("t", 0))] == len(pieces) + 1
+
+
+def test_a_forged_chunk_in_the_loop_is_refused_alone_and_the_open_message_s_offsets_stay_held() -> None:
+    """Finishing the forged chunk finishes its offset alone: the commit stays at the open message's
+    first chunk until the message, taken whole, is finished."""
+    bus = MemoryBus()
+    value = os.urandom(40)
+    pieces = split(value, [], 10)
+    for piece in pieces[:2]:
+        bus.append("t", b"big", *piece)
+    bus.append("t", b"big", b"x" * 10, pieces[2][1])  # a peer's, under the open message's id
+    consumer = Collecting(bus, MemoryPublisher(bus))
+    loop = consumer.loop
+    loop.open()
+    while loop.step():
+        pass
+    loop.commit()
+    assert bus.committed[("g", ("t", 0))] == 0 and loop.pending_count() == 2
+    for piece in pieces[2:]:
+        bus.append("t", b"big", *piece)
+    bus.append("t", b"small", b"after", [])
+    while loop.step():
+        pass
+    loop.commit()
+    assert consumer.values() == [value, b"after"]
+    assert [p.offset for p in consumer.seen[0].parts] == [0, 1, 3, 4]
+    dead = bus.topics["dlq"]
+    assert [(r.headers["sapo-dlq-reason"], r.headers["sapo-dlq-source"]) for r in dead] == [
+        (b"forged_chunk", b"t/0/2")
+    ]
+    assert bus.committed[("g", ("t", 0))] == 6 and loop.pending_count() == 0
+
+
+def test_a_pinned_message_s_chunk_sent_twice_is_refused_alone_and_the_message_taken() -> None:
+    """A copy of a chunk already taken (a peer's, or a producer's retry) no longer drops the message."""
+    bus = MemoryBus()
+    value = os.urandom(30)
+    pieces = split(value, [], 10)
+    for piece in [*pieces[:2], pieces[1], pieces[2]]:
+        bus.append("t", b"big", *piece)
+    consumer = Collecting(bus, MemoryPublisher(bus))
+    assert consumer.loop.run(idle_timeout_s=0.0) == 4
+    assert consumer.values() == [value]
+    assert [r.headers["sapo-dlq-reason"] for r in bus.topics["dlq"]] == [b"forged_chunk"]
+    assert bus.committed[("g", ("t", 0))] == 4
+
+
+def test_a_pinned_message_missing_a_chunk_is_given_up_when_stale() -> None:
+    """Its later chunks are refused one by one (each could be a peer's), and the message, which can
+    no longer complete, is given up after the stale window; every offset is committed."""
+    bus = MemoryBus()
+    pieces = split(os.urandom(50), [], 10)
+    for piece in [*pieces[:2], *pieces[3:]]:
+        bus.append("t", b"big", *piece)
+    consumer = Collecting(bus, MemoryPublisher(bus))
+    loop = consumer.loop
+    now = [0.0]
+    loop._reassembler = Reassembler(1000, 1000, stale_s=60, clock=lambda: now[0])
+    loop.open()
+    while loop.step():
+        pass
+    now[0] = 61.0
+    assert not loop.step()
+    loop.commit()
+    assert consumer.values() == []
+    reasons = [r.headers["sapo-dlq-reason"] for r in bus.topics["dlq"]]
+    assert reasons == [b"forged_chunk", b"forged_chunk", b"incomplete_message"]
+    assert bus.committed[("g", ("t", 0))] == 4
 
 
 def test_a_stale_message_whose_later_chunks_come_after_all_is_one_rejection() -> None:

@@ -167,6 +167,36 @@ def test_prefilter_judges_a_chunked_message_once() -> None:
     assert judged == [0, len(bus.topics["in"]) - 1]
 
 
+def test_a_first_chunk_under_an_open_message_s_id_is_not_prefiltered_for_that_message() -> None:
+    """A peer's copy of an open message's first chunk with a header the prefilter refuses had the
+    loop skip that id, so the open message's real chunks were finished unread and it never completed.
+    It is the reassembler's to judge: refused alone, the message taken."""
+    bus = MemoryBus()
+    value = bytes(range(256)) * 4
+    pieces = split(value, [("sapo-node-id", b"peer")], 300)
+    bus.append("in", b"k", *pieces[0])
+    forged = [(k, b"me" if k == "sapo-node-id" else v) for k, v in pieces[0][1]]
+    bus.append("in", b"k", pieces[0][0], forged)
+    for piece in pieces[1:]:
+        bus.append("in", b"k", *piece)
+    handled: list[bytes] = []
+
+    def handle(record: Record) -> Disposition:
+        handled.append(record.value or b"")
+        return Disposition.DONE
+
+    def own_node(record: Record) -> str | None:
+        return "own_node" if record.headers.get("sapo-node-id") == b"me" else None
+
+    loop, registry = _loop(bus, handle, prefilter=own_node)
+    loop.run(idle_timeout_s=0.0)
+    assert handled == [value]
+    rejected = "sapo_test_messages_rejected_total"
+    assert registry.get_sample_value(rejected, {"reason": "forged_chunk"}) == 1
+    assert registry.get_sample_value(rejected, {"reason": "own_node"}) is None
+    assert bus.committed[("g", ("in", 0))] == len(pieces) + 1
+
+
 def test_stop_flag_and_until_end_the_loop() -> None:
     bus = MemoryBus()
     for i in range(10):
