@@ -432,6 +432,7 @@ def test_rendered_env_is_accepted_by_the_service_settings(
         ("serviceMonitor.enable=true", "enable"),
         ("kafka.securityProtocol=SASL", "securityProtocol"),
         ("nodeId=Node_0", "nodeId"),
+        ("nodeId=node-", "nodeId"),  # also the value of a label, which must end in a letter or digit
         # Helm 4 names the key, Helm 3 only the map.
         ("sampler.settings.KAFKA__SASL_PASSWORD=hunter2", "KAFKA__SASL_PASSWORD|sampler.settings"),
         ("generator.settings.NODE_ID=other", "NODE_ID|generator.settings"),  # set by the chart
