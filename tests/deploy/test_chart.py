@@ -304,6 +304,29 @@ def test_object_store_checkpoints_need_no_volume() -> None:
     assert any(port.get("port") == 443 for rule in policy["spec"]["egress"] for port in rule["ports"])
 
 
+@pytest.mark.parametrize(
+    ("sets", "complaint"),
+    [
+        # credentials for a store the checkpoints are not in would be ignored
+        (("checkpoints.existingSecret=ckpt-creds",), "checkpoints.existingSecret is for an object store"),
+        # a file:// root is a path on the read-only root filesystem, which the generators do not share
+        (("checkpoints.url=file:///var/lib/sapo/checkpoints",), "leave checkpoints.url empty"),
+        (("checkpoints.url=s3://ckpt/sapo", "checkpoints.existingClaim=ckpt"), "set one of them"),
+        # the trainer could not write, or the generators could not mount what it writes
+        (("checkpoints.accessModes={ReadOnlyMany}",), "the trainer writes the checkpoints"),
+        (("checkpoints.accessModes={ReadWriteOncePod}",), "lets a single pod mount the claim"),
+    ],
+)
+def test_checkpoint_values_that_cannot_work_fail_at_install(sets: tuple[str, ...], complaint: str) -> None:
+    assert complaint in template_error(*sets)
+
+
+def test_a_single_pod_claim_serves_a_trainer_without_generators() -> None:
+    docs = render(None, "checkpoints.accessModes={ReadWriteOncePod}", "generator.enabled=false")
+    (claim,) = of_kind(docs, "PersistentVolumeClaim")
+    assert claim["spec"]["accessModes"] == ["ReadWriteOncePod"]
+
+
 def test_standbys_wait_on_the_lease() -> None:
     docs = render(None, *STORE, "trainer.standby=true", "sampler.standby=true")
     for service in ("trainer", "sampler"):
