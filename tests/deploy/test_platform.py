@@ -317,6 +317,17 @@ def test_network_policy_allows_dns_kafka_and_scrapes_only() -> None:
         assert [p["port"] for p in policy["spec"]["egress"][-1]["ports"]] == ports, endpoint
 
 
+def test_network_policy_lets_the_model_download_reach_the_hub() -> None:
+    """models.download's init container fetches from the hub over HTTPS: with the NetworkPolicy on,
+    its egress opens by itself, as it does for checkpoints.url, instead of the pods waiting forever on
+    a download the policy drops."""
+    download = ("models.download.enabled=true", "model=HuggingFaceTB/SmolLM2-360M-Instruct")
+    (policy,) = of_kind(render(None, "networkPolicy.enabled=true", *download), "NetworkPolicy")
+    assert policy["spec"]["egress"][-1] == {"ports": [{"port": 443, "protocol": "TCP"}]}
+    (closed,) = of_kind(render(None, "networkPolicy.enabled=true"), "NetworkPolicy")
+    assert all(port["port"] != 443 for rule in closed["spec"]["egress"] for port in rule["ports"])
+
+
 def test_network_policy_lets_the_services_reach_their_bootstrap_servers() -> None:
     """A managed Kafka listens on ports of its own (9094, 9096, ...): the egress rule takes the
     bootstrap servers' ports, of the swarm's cluster too, next to networkPolicy.kafka.ports."""
