@@ -285,6 +285,50 @@ def test_generator_pod_disruption_budget() -> None:
     assert pdb["spec"] == {"minAvailable": 1, "selector": pdb["spec"]["selector"]}
 
 
+NO_SURGE = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+
+
+def test_generators_roll_without_a_surge_pod_where_it_would_wait_for_the_old_ones() -> None:
+    """A GPU generator's surge pod waits for the GPU the old pod holds, and one pinned to the trainer's
+    node by a ReadWriteOnce volume for room there: the rollout would never finish. Those replace one
+    pod at a time; generators free to go anywhere keep Kubernetes' default."""
+    gpu = render(CHART / "ci/gpu-node-values.yaml", "checkpoints.accessModes={ReadWriteMany}")
+    assert deployment(gpu, "generator")["spec"]["strategy"] == NO_SURGE
+    assert deployment(render(None), "generator")["spec"]["strategy"] == NO_SURGE  # the default claim
+    free = deployment(render(None, "checkpoints.accessModes={ReadWriteMany}"), "generator")
+    assert "strategy" not in free["spec"]
+    own = render(None, "generator.strategy.type=RollingUpdate", "generator.strategy.rollingUpdate.maxSurge=2")
+    assert deployment(own, "generator")["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 2},
+    }
+    for service in ("sampler", "trainer"):  # one writer each: never two at once
+        assert deployment(own, service)["spec"]["strategy"] == {"type": "Recreate"}
+
+
+@pytest.mark.parametrize(
+    ("sets", "complaint"),
+    [
+        (
+            ("generator.strategy.type=Recreate", "generator.strategy.rollingUpdate.maxSurge=1"),
+            "type Recreate",
+        ),
+        (
+            (
+                "generator.strategy.rollingUpdate.maxSurge=0",
+                "generator.strategy.rollingUpdate.maxUnavailable=0%",
+            ),
+            "both 0",
+        ),
+        (("generator.strategy.type=Rolling",), "/generator/strategy/type"),
+    ],
+)
+def test_a_generator_strategy_kubernetes_refuses_fails_at_install(
+    sets: tuple[str, ...], complaint: str
+) -> None:
+    assert complaint in template_error(*sets)
+
+
 def test_network_policy_allows_dns_kafka_and_scrapes_only() -> None:
     docs = render(PLATFORM)
     (policy,) = of_kind(docs, "NetworkPolicy")
