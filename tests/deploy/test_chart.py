@@ -345,6 +345,16 @@ def test_install_notes_ask_for_the_swarm_size_until_it_is_set() -> None:
         assert "EXPECTED_PEERS" not in install_notes(f"sampler.settings.EXPECTED_PEERS={peers}")
 
 
+def test_install_notes_warn_when_the_trainers_grace_period_is_shorter_than_its_longest_step() -> None:
+    """A stop during a step longer than the grace period ends in SIGKILL, and the step is trained again."""
+    long_steps = "trainer.settings.STEP_MAX_SILENCE_S=3000"
+    assert "trainer.terminationGracePeriodSeconds (1200) is shorter" in install_notes(long_steps)
+    assert "terminationGracePeriodSeconds" not in install_notes(
+        long_steps, "trainer.terminationGracePeriodSeconds=3600"
+    )
+    assert "terminationGracePeriodSeconds" not in install_notes()
+
+
 def test_tofu_pins_kept_on_a_volume_of_the_sampler() -> None:
     def env(dep: dict[str, Any]) -> dict[str, Any]:
         return {v["name"]: v.get("value") for v in env_of(dep)}
