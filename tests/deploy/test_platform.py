@@ -223,6 +223,18 @@ def test_kafka_user_leaves_the_swarm_topic_to_the_swarm_cluster() -> None:
 # --- mutual TLS and Secret rotation ------------------------------------------------------------------
 
 
+def test_a_default_user_name_too_long_for_a_kafka_user_is_refused_not_cut() -> None:
+    """Cut to 63 characters, the default names of two nodes whose ids differ past the cut were one
+    KafkaUser: one Secret, one set of ACLs. The refusal names what to set, and the name an earlier
+    install created."""
+    prefix = "topicPrefix=research-lab-sapo-swarm-experiment-2026-q4"
+    error = template_error(prefix, "nodeId=gpu-cluster-west-node-001", "kafkaUser.enabled=true")
+    assert "set kafkaUser.name (to research-lab-sapo-swarm-experiment-2026-q4-gpu-cluster-west-nod " in error
+    named = ("nodeId=gpu-cluster-west-node-001", "kafkaUser.enabled=true", "kafkaUser.name=west-001")
+    (user,) = of_kind(render(None, prefix, *named), "KafkaUser")
+    assert user["metadata"]["name"] == "west-001"
+
+
 def test_client_certificate_from_a_secret() -> None:
     for dep in of_kind(render(PLATFORM), "Deployment"):
         c = container(dep)
