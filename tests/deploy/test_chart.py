@@ -654,6 +654,33 @@ def test_inconsistent_kafka_settings_fail_at_install(overrides: tuple[str, ...],
     assert complaint in template_error(*overrides)
 
 
+OAUTHBEARER = ("kafka.securityProtocol=SASL_SSL", "kafka.sasl.mechanism=OAUTHBEARER")
+
+
+def test_oauthbearer_needs_the_token_properties_of_every_service() -> None:
+    """No value of the chart configures an OAUTHBEARER token: without librdkafka's sasl.oauthbearer.*
+    properties (KAFKA__EXTRA) the services could never authenticate, so the chart asks for them."""
+    assert "give generator.extraEnv the variable SAPO_GENERATOR_KAFKA__EXTRA" in template_error(*OAUTHBEARER)
+    extra = [
+        f"{service}.extraEnv[0].name=SAPO_{service.upper()}_KAFKA__EXTRA,"
+        f"{service}.extraEnv[0].valueFrom.secretKeyRef.name=oidc,"
+        f"{service}.extraEnv[0].valueFrom.secretKeyRef.key={service}"
+        for service in SERVICES
+    ]
+    assert "give trainer.extraEnv" in template_error(*OAUTHBEARER, *extra[:2])
+    docs = render(None, *OAUTHBEARER, *extra)
+    for service in SERVICES:
+        env = {v["name"]: v for v in env_of(deployment(docs, service))}
+        assert env[f"SAPO_{service.upper()}_KAFKA__EXTRA"]["valueFrom"]["secretKeyRef"]["key"] == service
+    swarm = (
+        "swarmKafka.enabled=true",
+        "swarmKafka.bootstrapServers=s:9093",
+        "swarmKafka.securityProtocol=SASL_SSL",
+    )
+    error = template_error(*swarm, "swarmKafka.sasl.mechanism=OAUTHBEARER")
+    assert "swarmKafka.sasl.mechanism=OAUTHBEARER" in error and "SAPO_GENERATOR_SWARM_KAFKA__EXTRA" in error
+
+
 def test_the_private_key_reaches_the_generator_only_and_the_trust_list_the_sampler_only() -> None:
     docs = render(
         None,
