@@ -200,6 +200,13 @@ def test_gpu_node_sets_image_resource_and_device_together() -> None:
 
 
 @pytest.mark.parametrize("service", ["generator", "trainer"])
+def test_each_gpu_service_sizes_its_own_shared_memory(service: str) -> None:
+    docs = render(CHART / "ci/gpu-node-values.yaml", f"{service}.gpu.shmSizeLimit=16Gi")
+    volumes = {v["name"]: v for v in deployment(docs, service)["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "16Gi"}
+
+
+@pytest.mark.parametrize("service", ["generator", "trainer"])
 def test_cpu_image_never_gets_a_gpu_setting(service: str) -> None:
     """DEVICE=cuda or BACKEND=vllm only come with the GPU image: on the CPU image they crash."""
     for values in CI_VALUES:
