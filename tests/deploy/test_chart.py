@@ -316,8 +316,6 @@ def test_object_store_checkpoints_need_no_volume() -> None:
     [
         # credentials for a store the checkpoints are not in would be ignored
         (("checkpoints.existingSecret=ckpt-creds",), "checkpoints.existingSecret is for an object store"),
-        # a file:// root is a path on the read-only root filesystem, which the generators do not share
-        (("checkpoints.url=file:///var/lib/sapo/checkpoints",), "leave checkpoints.url empty"),
         (("checkpoints.url=s3://ckpt/sapo", "checkpoints.existingClaim=ckpt"), "set one of them"),
         # the trainer could not write, or the generators could not mount what it writes
         (("checkpoints.accessModes={ReadOnlyMany}",), "the trainer writes the checkpoints"),
@@ -326,6 +324,13 @@ def test_object_store_checkpoints_need_no_volume() -> None:
 )
 def test_checkpoint_values_that_cannot_work_fail_at_install(sets: tuple[str, ...], complaint: str) -> None:
     assert complaint in template_error(*sets)
+
+
+def test_a_file_url_is_a_volume_the_operator_mounts() -> None:
+    """`file://` names a path the pods share through extraVolumes (an NFS export, a hostPath on one
+    machine): the chart makes no claim for it and refuses nothing."""
+    docs = render(None, "checkpoints.url=file:///mnt/checkpoints")
+    assert not of_kind(docs, "PersistentVolumeClaim")
 
 
 def test_a_single_pod_claim_serves_a_trainer_without_generators() -> None:
