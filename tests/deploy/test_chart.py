@@ -693,6 +693,23 @@ def test_oauthbearer_needs_the_token_properties_of_every_service() -> None:
     assert "swarmKafka.sasl.mechanism=OAUTHBEARER" in error and "SAPO_GENERATOR_SWARM_KAFKA__EXTRA" in error
 
 
+def test_oauthbearer_token_properties_may_come_one_variable_each() -> None:
+    """The services read KAFKA__EXTRA as one JSON object or one property a variable
+    (SAPO_<SERVICE>_KAFKA__EXTRA__<property>, say each from its own Secret key): either brings the
+    token's properties."""
+    one_by_one = [
+        f"{service}.extraEnv[0].name=SAPO_{service.upper()}_KAFKA__EXTRA__SASL.OAUTHBEARER.CLIENT.SECRET,"
+        f"{service}.extraEnv[0].valueFrom.secretKeyRef.name=oidc,"
+        f"{service}.extraEnv[0].valueFrom.secretKeyRef.key=secret"
+        for service in SERVICES
+    ]
+    assert len(of_kind(render(None, *OAUTHBEARER, *one_by_one), "Deployment")) == len(SERVICES)
+    assert "give sampler.extraEnv" in template_error(*OAUTHBEARER, one_by_one[0], one_by_one[2])
+    # A variable that only begins like it is another setting's.
+    other = one_by_one[1].replace("KAFKA__EXTRA__SASL", "KAFKA__EXTRASASL")
+    assert "give sampler.extraEnv" in template_error(*OAUTHBEARER, one_by_one[0], other, one_by_one[2])
+
+
 def test_the_private_key_reaches_the_generator_only_and_the_trust_list_the_sampler_only() -> None:
     docs = render(
         None,
