@@ -448,9 +448,7 @@ class ConsumerLoop:
         self.last_poll_monotonic = time.monotonic()
         if record is None:
             if self._reassembler.has_open:
-                self._reassembler.sweep()
-                for incomplete in self._reassembler.take_dropped():
-                    self._drop(incomplete)
+                self._sweep()
             if self._on_idle is not None:
                 self._on_idle()
         else:
@@ -493,6 +491,9 @@ class ConsumerLoop:
             return
         # Most records are whole messages with nothing open to sweep: they skip the reassembly.
         if H_CHUNK in record.headers or self._reassembler.has_open:
+            # What went stale is given up first: a first chunk under its id is then judged as one under
+            # a given-up id, not taken for that message's own past the prefilter (`_skipped_chunk`).
+            self._sweep()
             if self._skipped_chunk(record):
                 return
             assembled = self._reassembler.add(record)
@@ -525,6 +526,12 @@ class ConsumerLoop:
         self.handled += 1
         if disposition is Disposition.DONE:
             self.finish(assembled)
+
+    def _sweep(self) -> None:
+        """Give up the open messages that went stale (`Reassembler.sweep`)."""
+        self._reassembler.sweep()
+        for incomplete in self._reassembler.take_dropped():
+            self._drop(incomplete)
 
     def _skipped_chunk(self, record: Record) -> bool:
         """Finish a chunk of a message refused before its last chunk; True when it was one."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -14,7 +16,7 @@ from sapo.kafka import (
     TransportMetrics,
     Watermarks,
 )
-from sapo.kafka.chunks import split
+from sapo.kafka.chunks import Reassembler, split
 from sapo.kafka.memory import MemoryBus, MemoryConsumerClient, MemoryPublisher
 from sapo.lifecycle import StopFlag
 from sapo.v1 import rollout_pb2
@@ -195,6 +197,46 @@ def test_a_first_chunk_under_an_open_message_s_id_is_not_prefiltered_for_that_me
     assert registry.get_sample_value(rejected, {"reason": "forged_chunk"}) == 1
     assert registry.get_sample_value(rejected, {"reason": "own_node"}) is None
     assert bus.committed[("g", ("in", 0))] == len(pieces) + 1
+
+
+def test_a_first_chunk_under_a_stale_message_s_id_is_not_taken_past_the_prefilter() -> None:
+    """A message left open (its writer died after one chunk) and stale: a first chunk under its id is
+    not that message's, and is judged as one under a given-up id, never handed over unfiltered (here
+    a whole message in one chunk, which the prefilter refuses)."""
+    bus = MemoryBus()
+    first, headers = split(bytes(300), [("sapo-node-id", b"peer")], 100)[0]
+    bus.append("in", b"k", first, headers)
+    message_id = dict(headers)["sapo-chunk-id"]
+    whole = b"refused"
+    one = [
+        ("sapo-node-id", b"me"),
+        ("sapo-chunk", b"0/1"),
+        ("sapo-chunk-id", message_id),
+        ("sapo-chunk-sha256", hashlib.sha256(whole).hexdigest().encode()),
+    ]
+    handled: list[bytes] = []
+
+    def handle(record: Record) -> Disposition:
+        handled.append(record.value or b"")
+        return Disposition.DONE
+
+    def own_node(record: Record) -> str | None:
+        return "own_node" if record.headers.get("sapo-node-id") == b"me" else None
+
+    loop, registry = _loop(bus, handle, prefilter=own_node)
+    now = [0.0]
+    loop._reassembler = Reassembler(1000, 1000, stale_s=60, clock=lambda: now[0])
+    loop.open()
+    assert loop.step()
+    now[0] = 61.0
+    bus.append("in", b"k", whole, one)
+    assert loop.step()
+    loop.commit()
+    assert handled == []
+    rejected = "sapo_test_messages_rejected_total"
+    assert registry.get_sample_value(rejected, {"reason": "own_node"}) == 1
+    assert registry.get_sample_value(rejected, {"reason": "incomplete_message"}) == 1
+    assert bus.committed[("g", ("in", 0))] == 2
 
 
 def test_stop_flag_and_until_end_the_loop() -> None:
