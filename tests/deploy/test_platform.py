@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from sapo.runtime import consumer_group
 from tests.deploy.helm import (
     CHART,
     CI_VALUES,
+    KUBE_VERSIONS,
     NAMESPACE,
     ROOT,
     SERVICES,
@@ -27,6 +29,8 @@ from tests.deploy.helm import (
     of_kind,
     render,
     render_files,
+    require_tool,
+    run,
     template_error,
 )
 
@@ -316,6 +320,19 @@ def test_generators_roll_without_a_surge_pod_where_it_would_wait_for_the_old_one
     }
     for service in ("sampler", "trainer"):  # one writer each: never two at once
         assert deployment(own, service)["spec"]["strategy"] == {"type": "Recreate"}
+
+
+def test_a_generator_strategy_of_recreate_clears_the_rolling_update(tmp_path: Path) -> None:
+    """An upgrade patches the Deployment: left out, the rollingUpdate Kubernetes defaulted under the
+    earlier rolling strategy would stay, and the API server refuses it next to Recreate."""
+    docs = render(None, "generator.strategy.type=Recreate")
+    assert deployment(docs, "generator")["spec"]["strategy"] == {"type": "Recreate", "rollingUpdate": None}
+    validator = require_tool("kubernetes-validate")
+    manifest = tmp_path / "generator.yaml"
+    manifest.write_text(yaml.safe_dump(deployment(docs, "generator")))
+    for version in KUBE_VERSIONS:
+        result = run(validator, "--strict", "--kubernetes-version", version, str(manifest))
+        assert result.returncode == 0, result.stdout + result.stderr
 
 
 @pytest.mark.parametrize(
