@@ -341,6 +341,9 @@ class PolicyFollower:
         """Swap in what `fetch` read, or count its failure against its candidate. A candidate dropped or
         announced again with another checkpoint while it was read is left to what replaced it."""
         update = fetch.update
+        # Taken off the fetch, so that they are let go once swapped in (or left), not held while the
+        # loop reads the next version: two copies of the model besides the backend's.
+        state, fetch.state = fetch.state, None
         candidate = self._candidates.get(update.version)
         if (
             candidate is None
@@ -349,9 +352,9 @@ class PolicyFollower:
         ):
             return
         try:
-            if fetch.state is None:  # what the read raised; anything not tolerated ends the loop as before
+            if state is None:  # what the read raised; anything not tolerated ends the loop as before
                 raise fetch.error or RuntimeError(f"the load of v{update.version} ended without weights")
-            self._backend.load_weights(fetch.state, update.version, owned=True)  # verified, ours alone
+            self._backend.load_weights(state, update.version, owned=True)  # verified, ours alone
         except _TOLERATED as exc:
             self._failed(candidate, failure_reason(exc), exc)
             return

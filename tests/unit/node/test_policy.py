@@ -5,8 +5,10 @@ whose announced versions stay unresolved stops being live; a slow load does not 
 from __future__ import annotations
 
 import os
+import threading
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from sapo import storage
 from sapo.backends import TransformersBackend
 from sapo.generator import ReloadPolicy
 from sapo.models import build_tiny_model, parse_tiny_ref
+from sapo.node import policy
 from sapo.node.policy import LOAD_HOLD_S
 from sapo.v1 import policy_pb2
 from tests.s3 import slow_link
@@ -333,3 +336,42 @@ def test_a_load_slower_than_the_hold_goes_on_while_the_loop_does(
         _poll_until(gen, lambda: gen.follower.loaded == 1, timeout_s=60.0)
     assert torch.equal(_weights(gen), state["model.layers.0.mlp.up_proj.weight"])
     assert gen.health.failing() == [] and gen.metric(RETRIES, {"reason": "unavailable"}) == 0
+
+
+def test_a_swapped_in_version_is_not_held_while_the_next_one_is_read(
+    gen: MemoryGenerator,
+    tokenizer: PreTrainedTokenizerBase,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A version announced while the one before it was read is read next, at once: the weights just
+    swapped in must not stay held beside it, a second copy of the model in memory (the vLLM backend
+    copies what it is given)."""
+
+    class Read(dict[str, torch.Tensor]):
+        """A state dict that can be watched for being let go."""
+
+    read_verified = policy.read_verified
+    states: dict[int, weakref.ref[Read]] = {}
+    held_when_read: dict[int, list[int]] = {}
+    first_read = threading.Event()
+
+    def read(update: policy_pb2.PolicyUpdate, shapes: Mapping[str, tuple[int, ...]] | None) -> Read:
+        held_when_read[update.version] = [v for v, state in states.items() if state() is not None]
+        if update.version == 1:
+            assert first_read.wait(10.0)
+        state = Read(read_verified(update, shapes))
+        states[update.version] = weakref.ref(state)
+        return state
+
+    monkeypatch.setattr(policy, "read_verified", read)
+    monkeypatch.setattr(policy, "LOAD_HOLD_S", 0.05)
+    written = {
+        v: write_checkpoint(tmp_path / str(v), "node-a", v, _state(tokenizer, f"tiny:{v}")) for v in (1, 2)
+    }
+    _announce(gen, policy_update(written[1], "node-a", 1))
+    assert gen.follower.loaded == 0
+    gen.bus.append(gen.topics.policy, b"node-a", policy_update(written[2], "node-a", 2), [])
+    first_read.set()
+    _poll_until(gen, lambda: gen.follower.loaded == 2)
+    assert held_when_read == {1: [], 2: []}
