@@ -11,7 +11,9 @@ Order on start: logging -> resolved config logged (secrets masked) -> registry a
 gate (`sapo.cpugate`, where set) -> signal handlers -> producers -> ops server -> port file. A start
 that fails on the way (a port in use, a port file that cannot be written) closes what it had opened.
 Order on stop (SIGTERM sets the stop flag; the loop finishes its unit and commits): the service closes
-its consumers -> flush producers (bounded) -> stop the ops server -> close the gate's files.
+its consumers -> flush producers (bounded) -> stop the ops server -> close the gate's files. From the
+stop on, each wait for the broker lasts at most `stop_broker_wait_s`, and none once one ran out
+(`sapo.lifecycle.StopFlag.deadline`): with the broker gone, a stop takes the unit in hand plus seconds.
 """
 
 from __future__ import annotations
@@ -168,11 +170,11 @@ def open_ops_server(settings: ServiceSettings, registry: CollectorRegistry, heal
 
 
 def open_publisher(
-    settings: ServiceSettings, transport: TransportMetrics, *, swarm: bool = False
+    settings: ServiceSettings, transport: TransportMetrics, stop: StopFlag, *, swarm: bool = False
 ) -> KafkaPublisher:
-    """The producer of the node's (or the swarm's) cluster. librdkafka checks its properties (EXTRA
-    ones, the SASL mechanism, the TLS files) only when a client is created: one it refuses fails the
-    start naming the variables, before any connection."""
+    """The producer of the node's (or the swarm's) cluster, its waits bounded once `stop` is set.
+    librdkafka checks its properties (EXTRA ones, the SASL mechanism, the TLS files) only when a client
+    is created: one it refuses fails the start naming the variables, before any connection."""
     conn = settings.swarm_connection if swarm else settings.kafka
     try:
         return KafkaPublisher(
@@ -180,6 +182,7 @@ def open_publisher(
             transport,
             max_message_bytes=settings.max_message_bytes,
             setting=bootstrap_setting(settings, swarm=swarm),
+            stop=stop,
         )
     except KafkaException as exc:
         error = exc.args[0] if exc.args else None
@@ -231,15 +234,15 @@ def start_runtime(
     with contextlib.ExitStack() as opened:  # a start that fails closes what it opened, newest first
         gate = open_gate(service, settings, registry)
         opened.callback(gate.close)
-        stop = StopFlag()
+        stop = StopFlag(settings.stop_broker_wait_s)
         if install_signals:
             install_signal_handlers(stop)
         # The clients first: one refusing its settings ends the start before a port file names a server.
-        publisher = open_publisher(settings, transport)
+        publisher = open_publisher(settings, transport, stop)
         opened.callback(publisher.close, 0.0)
         swarm_publisher = publisher
         if settings.swarm_kafka is not None:
-            swarm_publisher = open_publisher(settings, transport, swarm=True)
+            swarm_publisher = open_publisher(settings, transport, stop, swarm=True)
             opened.callback(swarm_publisher.close, 0.0)
         ops = open_ops_server(settings, registry, health)
         opened.callback(ops.stop)

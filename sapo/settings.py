@@ -358,6 +358,17 @@ class ServiceSettings(BaseSettings):
         description="Largest payload (a group, a batch, after reassembly) this service accepts; larger "
         "ones are counted and dead-lettered. Bounds memory against a hostile or broken peer.",
     )
+    stop_broker_wait_s: float = Field(
+        5.0,
+        gt=0.0,
+        le=60.0,
+        description="Once stopping (SIGTERM), the longest each wait for the Kafka broker lasts (an "
+        "acknowledgement of the unit in hand's output or of the lease's release, the final flush, a "
+        "consumer's close with its final commit); after one acknowledgement did not come in time, none "
+        "waits again. What the broker did not acknowledge is not committed and is redone after the "
+        "restart. A broker that is up answers in milliseconds; this bounds a stop with the broker gone to "
+        "the unit in hand plus a few seconds, well within the chart's terminationGracePeriodSeconds.",
+    )
     identity: IdentitySettings = Field(
         default_factory=IdentitySettings,
         description="This node's key and whom it trusts (IDENTITY__MODE, IDENTITY__PRIVATE_KEY_FILE, "

@@ -11,7 +11,11 @@ Delivery semantics (at-least-once):
   at most every `STORE_INTERVAL_S`); on revoke the loop commits
   synchronously before giving partitions up; on loss it commits nothing and drops the partitions'
   state (a commit that finds them lost already is skipped: the next poll reports the loss); on close
-  it commits what is finished.
+  it commits what is finished. A stopping service waits for that close only as long as its stop flag
+  leaves for the broker (`sapo.lifecycle.StopFlag.broker_wait_s`): with the broker gone, librdkafka's
+  close waits for a commit in flight until the group's session times out (45 s by default), past the
+  grace period before SIGKILL. Such a close goes on in a thread the process does not wait for at exit;
+  what it did not commit is re-delivered after the restart, as after a crash.
 - Chunked messages (`sapo.kafka.chunks`) are reassembled before the handler sees them; a message's
   chunks stay unfinished until the message is, and what cannot be reassembled is counted,
   dead-lettered (its first chunk) and finished. A chunk refused alone (a header that lies, a forged
@@ -41,6 +45,7 @@ from __future__ import annotations
 import enum
 import logging
 import operator
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -189,7 +194,17 @@ class KafkaConsumerClient:
             bounds[(topic, partition)] = (int(low), int(high))
         return bounds
 
-    def close(self) -> None:
+    def close(self, wait_s: float | None = None) -> None:
+        if wait_s is None:
+            self._close()
+            return
+        closing = threading.Thread(target=self._close, name="consumer-close", daemon=True)
+        closing.start()
+        closing.join(wait_s)
+        if closing.is_alive():
+            log.warning("consumer close not done within %.1f s: left to finish, or not, on its own", wait_s)
+
+    def _close(self) -> None:
         try:
             self._consumer.close()
         finally:
@@ -650,4 +665,6 @@ class ConsumerLoop:
         try:
             self._client.store(self.watermarks.positions())
         finally:
-            self._client.close()
+            # An overrun is no sign of a broker gone (a LeaveGroup waits behind a JoinGroup in flight for
+            # 5 s): only an unacknowledged produce ends the later waits (`StopFlag.broker_unanswered`).
+            self._client.close(self._stop.broker_wait_s())

@@ -109,5 +109,5 @@ class MemoryConsumerClient:
         known = [tp for tp in tps if tp[0] in self._bus.topics and tp[1] == 0]
         return {tp: (0, len(self._bus.topics[tp[0]])) for tp in known}
 
-    def close(self) -> None:
+    def close(self, wait_s: float | None = None) -> None:
         self.commit()

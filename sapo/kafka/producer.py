@@ -2,7 +2,9 @@
 
 Delivery callback per message, `poll(0)` after each send to serve callbacks, a full local queue
 (`BufferError`) treated as backpressure (serve callbacks, retry, give up after a bound), and a
-bounded flush on close. Idempotence and acks=all keep retries from duplicating or losing messages.
+bounded flush on close; once the service's stop flag is set, every wait for an acknowledgement is
+bounded by it (`sapo.lifecycle.StopFlag.deadline`). Idempotence and acks=all keep retries from
+duplicating or losing messages.
 Payloads larger than one message may be (`max_message_bytes`, the broker's limit) go out in chunks
 (`sapo.kafka.chunks`), zstd-compressed like everything else: nothing has to raise a broker limit.
 
@@ -35,6 +37,7 @@ from sapo.kafka.chunks import chunk_size, split
 from sapo.kafka.errors import BackpressureTimeoutError, DeliveryError, ProduceError, error_kind
 from sapo.kafka.metrics import TransportMetrics
 from sapo.kafka.records import Header
+from sapo.lifecycle import StopFlag
 from sapo.topics import DEFAULT_MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
@@ -47,6 +50,9 @@ PRODUCER_DEFAULTS = {
     # Rollout text, token ids and log-probs compress 2-4x; the broker stores batches compressed.
     "compression.type": "zstd",
 }
+
+FLUSH_SLICE_S = 0.1
+"""How long `flush` waits between looks at the stop flag's bound: as long as a stop may overrun it."""
 
 
 @dataclass
@@ -70,14 +76,18 @@ class KafkaPublisher:
         queue_full_timeout_s: float = 30.0,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         setting: str = "bootstrap.servers",
+        *,
+        stop: StopFlag | None = None,
     ) -> None:
         """`setting` names where `bootstrap.servers` came from, for the error an unreachable cluster
-        logs (`sapo.clientlog`)."""
+        logs (`sapo.clientlog`). `stop`: the service's, which bounds `send_sync`'s and `flush`'s waits
+        once it is set (`StopFlag.deadline`)."""
         limits = {"message.max.bytes": str(max_message_bytes)}
         self._producer = _Producer(PRODUCER_DEFAULTS | limits | config | client_hooks(config, setting))
         self._chunk_bytes = chunk_size(max_message_bytes)
         self._metrics = metrics
         self._queue_full_timeout_s = queue_full_timeout_s
+        self._stop = stop
         self.errors = 0
         self._failed = 0
         """Messages `send` queued whose delivery failed since the last `flush`, which reports them."""
@@ -202,13 +212,15 @@ class KafkaPublisher:
 
         for piece, piece_headers in pieces:
             self._produce(topic, key, piece, piece_headers, on_delivery)
-        deadline = time.monotonic() + timeout_s
-        while len(result) < len(pieces) and time.monotonic() < deadline:
+        start = time.monotonic()
+        while len(result) < len(pieces) and time.monotonic() < self._deadline(start, timeout_s):
             if cancel is not None and cancel():
                 raise DeliveryError(f"stopped waiting for the acknowledgement from {topic}")
             self._producer.poll(0.05)
         if len(result) < len(pieces):
-            raise DeliveryError(f"no acknowledgement from {topic} within {timeout_s}s")
+            waited = min(timeout_s, time.monotonic() - start)  # less where a stop cut the wait short
+            self._unanswered()
+            raise DeliveryError(f"no acknowledgement from {topic} within {waited:.1f}s")
         failed = [err for err, _ in result if err is not None]
         if failed:
             raise DeliveryError(f"delivery to {topic} failed: {failed[0]}", error_kind(failed[0]))
@@ -218,16 +230,32 @@ class KafkaPublisher:
     def poll(self, timeout_s: float = 0.0) -> None:
         self._producer.poll(timeout_s)
 
+    def _deadline(self, start: float, timeout_s: float) -> float:
+        return start + timeout_s if self._stop is None else self._stop.deadline(start, timeout_s)
+
+    def _unanswered(self) -> None:
+        if self._stop is not None:
+            self._stop.broker_unanswered()
+
     def flush(self, timeout_s: float) -> int:
         """Wait for queued messages; returns how many messages `send` queued since the last flush were
-        not delivered: still queued, or failed (refused by the broker, timed out before the wait ended)."""
-        remaining = int(self._producer.flush(timeout_s))
+        not delivered: still queued, or failed (refused by the broker, timed out before the wait ended).
+        The wait goes in short slices, so that a stop that comes meanwhile bounds it too."""
+        start = time.monotonic()
+        remaining = len(self._producer)
+        while remaining:
+            left = self._deadline(start, timeout_s) - time.monotonic()
+            if left <= 0:
+                break
+            remaining = int(self._producer.flush(min(left, FLUSH_SLICE_S)))
+        self._producer.poll(0)  # the reports of what was delivered before a wait of no time at all
         failed, self._failed = self._failed, 0
         if remaining:
+            self._unanswered()
             log.warning(
                 "%d Kafka records (chunks count one each) still queued after %.1fs flush",
                 remaining,
-                timeout_s,
+                min(timeout_s, time.monotonic() - start),
             )
         return self._unacked + failed
 

@@ -67,8 +67,10 @@ class ConsumerClient(Protocol):
         """(first, end) offset of each partition as the broker answers now, end being the offset the
         next message will get; partitions the broker does not know are left out."""
 
-    def close(self) -> None:
-        """Leave the group and release resources (stored positions are committed first)."""
+    def close(self, wait_s: float | None = None) -> None:
+        """Leave the group and release resources (stored positions are committed first). With `wait_s`,
+        return after at most that long, leaving a close that takes longer to finish on its own (its
+        commit may be lost: the records are re-delivered)."""
 
 
 class Publisher(Protocol):

@@ -446,7 +446,10 @@ class GeneratorService:
         if self._swarm_publisher is not self._publisher:
             unsent += self._swarm_publisher.flush(settings.flush_timeout_s)
         if unsent:  # exit before committing the items: the restart samples them again (same ids)
-            raise DeliveryError(f"{unsent} groups unacknowledged after {settings.flush_timeout_s} s")
+            raise DeliveryError(
+                f"{unsent} groups unacknowledged after the flush (FLUSH_TIMEOUT_S "
+                f"{settings.flush_timeout_s} s, STOP_BROKER_WAIT_S once stopping)"
+            )
         return shared
 
     def _observe(self, groups: Sequence[rollout_pb2.RolloutGroup], seconds: float, shared: int) -> None:

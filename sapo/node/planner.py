@@ -66,7 +66,10 @@ class WorkPlanner:
                 self._publisher.send(self._topic, item.key, value, headers, partition=partition)
         unsent = self._publisher.flush(self._flush_timeout_s)
         if unsent:
-            raise DeliveryError(f"{unsent} work items unacknowledged after {self._flush_timeout_s} s")
+            raise DeliveryError(
+                f"{unsent} work items unacknowledged after the flush ({self._flush_timeout_s} s, "
+                "STOP_BROKER_WAIT_S once stopping)"
+            )
         self.next_round = rounds.stop
         log.info("planned rounds %d..%d (%d items each)", rounds.start, rounds.stop - 1, self._per_round)
         return rounds

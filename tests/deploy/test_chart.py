@@ -182,6 +182,25 @@ def test_trainer_grace_period_is_configurable() -> None:
     assert deployment(docs, "trainer")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 3600
 
 
+STOP_MARGIN_S = 30
+"""What a grace period leaves a stopping service besides `STOP_BROKER_WAIT_S`: Kubernetes' default
+grace period, for the unit in hand and closing."""
+
+
+def test_every_grace_period_leaves_room_for_the_wait_for_a_broker_that_is_gone(scenario: Path) -> None:
+    """A service stopping with its broker gone waits up to STOP_BROKER_WAIT_S for it after its unit in
+    hand; a grace period with no room for that turns the clean stop into a SIGKILL."""
+    docs = render(scenario)
+    for service in SERVICES:
+        dep = deployment(docs, service)
+        variable = f"SAPO_{service.upper()}_STOP_BROKER_WAIT_S"
+        set_to = [e["value"] for e in env_of(dep) if e["name"] == variable and "value" in e]
+        default = SETTINGS[service].model_fields["stop_broker_wait_s"].default
+        wait = float(set_to[0]) if set_to else default
+        grace = dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        assert grace >= wait + STOP_MARGIN_S, f"{service}: {grace} s of grace, {wait} s of waiting"
+
+
 def test_gpu_node_sets_image_resource_and_device_together() -> None:
     """generator.gpu and trainer.gpu each switch image, GPU limit and backend/device at once."""
     docs = render(CHART / "ci/gpu-node-values.yaml")

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry
 from pydantic_settings import SettingsConfigDict
 
 from sapo.kafka import TransportMetrics
+from sapo.lifecycle import StopFlag
 from sapo.ops import Health
 from sapo.runtime import open_ops_server, open_publisher, start_runtime, write_port_file
 from sapo.sampler.settings import SamplerSettings
@@ -280,7 +281,7 @@ def test_client_settings_librdkafka_refuses_fail_the_start_naming_the_variables(
     settings = load_settings(DemoSettings)
     swarm = named.endswith("SWARM_KAFKA")
     with pytest.raises(ConfigError) as error:
-        open_publisher(settings, TransportMetrics(CollectorRegistry(), "demo"), swarm=swarm)
+        open_publisher(settings, TransportMetrics(CollectorRegistry(), "demo"), StopFlag(), swarm=swarm)
     message = str(error.value)
     assert message.startswith(f"{named}__*: ") and said in message
 

@@ -63,6 +63,7 @@ OPERATIONAL: dict[str, dict[str, Any]] = {
     "compute_gate_dir": {"compute_gate_dir": Path("/tmp/gate")},
     "compute_gate_slots": {"compute_gate_slots": 2},
     "max_message_bytes": {"max_message_bytes": 2 << 20},
+    "stop_broker_wait_s": {"stop_broker_wait_s": 2.0},
     "max_payload_bytes": {"max_payload_bytes": 32 << 20},
     "identity": {"identity": {"private_key": NodeKey.generate().pem().decode()}},
     "max_batch_items": {"max_batch_items": 8},

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import socket
+import time
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from sapo.kafka import DeadLetters, DeliveryError, KafkaPublisher, Record, TransportMetrics
+from sapo.lifecycle import StopFlag
 
 pytestmark = pytest.mark.unit
 
@@ -76,5 +78,26 @@ def test_a_message_sent_in_chunks_counts_once_in_what_a_flush_reports() -> None:
         assert publisher.flush(0.0) == 2  # still queued
         assert publisher.flush(10.0) == 2  # failed: timed out without a broker
         assert publisher.flush(0.0) == 0  # reported once
+    finally:
+        publisher.close(timeout_s=0.0)
+
+
+def test_once_stopping_waits_for_a_broker_that_is_gone_are_bounded_then_skipped() -> None:
+    """A sampler stopping with its broker gone waited a third of the lease ttl for the release's
+    acknowledgement, then 10 s more in the final flush: past Kubernetes' grace period."""
+    bootstrap = f"127.0.0.1:{_closed_port()}"
+    stop = StopFlag(broker_wait_s=0.5)
+    publisher = KafkaPublisher({"bootstrap.servers": bootstrap}, stop=stop)
+    try:
+        publisher.send("t", b"k", b"v")
+        assert publisher.flush(0.2) == 1  # not stopping: its own timeout
+        stop.set("SIGTERM")
+        started = time.monotonic()
+        with pytest.raises(DeliveryError):
+            publisher.send_sync("t", b"k", b"w", timeout_s=30.0)
+        assert time.monotonic() - started < 5.0  # the bound (0.5 s), not the 30 s asked for
+        started = time.monotonic()
+        assert publisher.flush(30.0) == 1  # the broker did not answer: no wait at all now
+        assert time.monotonic() - started < 1.0
     finally:
         publisher.close(timeout_s=0.0)
