@@ -195,14 +195,37 @@ class KafkaConsumerClient:
         return bounds
 
     def close(self, wait_s: float | None = None) -> None:
+        """With `wait_s`, the close runs in a thread waited for that long: what it raised by then is
+        raised here, as a close in the caller's thread would; what it raises later is logged."""
         if wait_s is None:
             self._close()
             return
-        closing = threading.Thread(target=self._close, name="consumer-close", daemon=True)
+        lock = threading.Lock()
+        # "error" once the close ended (None: it succeeded); "gave_up" once the caller stopped waiting.
+        outcome: dict[str, Exception | None] = {}
+
+        def close() -> None:
+            error: Exception | None = None
+            try:
+                self._close()
+            except Exception as exc:  # handed to the caller, or logged once it no longer waits
+                error = exc
+            with lock:
+                if "gave_up" not in outcome:
+                    outcome["error"] = error
+                elif error is not None:
+                    log.warning("consumer close failed after the stop stopped waiting for it: %r", error)
+
+        closing = threading.Thread(target=close, name="consumer-close", daemon=True)
         closing.start()
         closing.join(wait_s)
-        if closing.is_alive():
-            log.warning("consumer close not done within %.1f s: left to finish, or not, on its own", wait_s)
+        with lock:
+            if "error" not in outcome:
+                outcome["gave_up"] = None
+                log.warning("consumer close not done within %.1f s: left to finish, or not, alone", wait_s)
+                return
+        if outcome["error"] is not None:
+            raise outcome["error"]
 
     def _close(self) -> None:
         try:

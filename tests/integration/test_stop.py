@@ -173,3 +173,28 @@ def test_a_stopping_loop_closes_without_waiting_out_the_session_for_a_coordinato
         started = time.monotonic()
         loop.close()
         assert time.monotonic() - started < STOP_BOUND_S
+
+
+def test_what_a_stopping_loop_s_close_raises_still_reaches_its_caller(
+    kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """Once stopping, the close runs in a thread of its own (bounded by the stop's broker wait); what it
+    raised within that bound (here the revocation's hook, which the close calls) must still reach
+    the loop's owner, as a close in its own thread's would, rather than end on that thread's stderr."""
+    topic = f"{topic_prefix}.in"
+    fill_partitions(kafka_bootstrap, topic, [[b"v"]])
+
+    def revoked(_: object) -> None:
+        raise RuntimeError("the revocation hook broke")
+
+    stop = StopFlag(broker_wait_s=30.0)
+    client = consumer(kafka_bootstrap, f"{topic_prefix}.group")
+    metrics = TransportMetrics(CollectorRegistry(), "test")
+    loop = ConsumerLoop(
+        client, [topic], lambda _: Disposition.DONE, stop=stop, metrics=metrics, on_revoke=revoked
+    )
+    loop.open()
+    wait_until(lambda: loop.step(0.2) or loop.handled > 0, READY_TIMEOUT_S, "the record")
+    stop.set("SIGTERM")
+    with pytest.raises(RuntimeError, match="the revocation hook broke"):
+        loop.close()
