@@ -364,8 +364,10 @@ class ServiceSettings(BaseSettings):
         le=60.0,
         description="Once stopping (SIGTERM), the longest each wait for the Kafka broker lasts (an "
         "acknowledgement of the unit in hand's output or of the lease's release, the final flush, a "
-        "consumer's close with its final commit); after one acknowledgement did not come in time, none "
-        "waits again. What the broker did not acknowledge is not committed and is redone after the "
+        "consumer's close with its final commit), counted for a produce from its latest acknowledgement "
+        "(a broker that keeps acknowledging, only slowly, is waited for up to the wait's own timeout); "
+        "after one acknowledgement did not come in time, none waits again. What the broker did not "
+        "acknowledge is not committed and is redone after the "
         "restart. A broker that is up answers in milliseconds; this bounds a stop with the broker gone to "
         "the unit in hand plus a few seconds, well within the chart's terminationGracePeriodSeconds.",
     )

@@ -3,8 +3,9 @@
 Delivery callback per message, `poll(0)` after each send to serve callbacks, a full local queue
 (`BufferError`) treated as backpressure (serve callbacks, retry, give up after a bound), and a
 bounded flush on close; once the service's stop flag is set, every wait for an acknowledgement is
-bounded by it (`sapo.lifecycle.StopFlag.deadline`). Idempotence and acks=all keep retries from
-duplicating or losing messages.
+bounded by it (`sapo.lifecycle.StopFlag.deadline`), counted from the latest acknowledgement: a
+broker that keeps acknowledging is slow, not gone, and its wait keeps its own timeout. Idempotence
+and acks=all keep retries from duplicating or losing messages.
 Payloads larger than one message may be (`max_message_bytes`, the broker's limit) go out in chunks
 (`sapo.kafka.chunks`), zstd-compressed like everything else: nothing has to raise a broker limit.
 
@@ -89,6 +90,8 @@ class KafkaPublisher:
         self._queue_full_timeout_s = queue_full_timeout_s
         self._stop = stop
         self.errors = 0
+        self._acknowledged = 0
+        """Chunks the broker acknowledged: while they keep coming, a stop's bound does not run out."""
         self._failed = 0
         """Messages `send` queued whose delivery failed since the last `flush`, which reports them."""
         self._unacked = 0
@@ -103,7 +106,9 @@ class KafkaPublisher:
             if self._metrics:
                 self._metrics.produce_errors.labels(kind).inc()
             log.error("delivery to %s failed (%s): %s", msg.topic(), kind, err)
-        elif self._metrics:
+            return
+        self._acknowledged += 1
+        if self._metrics:
             self._metrics.produced.inc()
 
     def _on_delivery(self, sent: _Sent, err: KafkaError | None, msg: Message) -> None:
@@ -212,11 +217,14 @@ class KafkaPublisher:
 
         for piece, piece_headers in pieces:
             self._produce(topic, key, piece, piece_headers, on_delivery)
-        start = time.monotonic()
-        while len(result) < len(pieces) and time.monotonic() < self._deadline(start, timeout_s):
+        start = answered = time.monotonic()
+        acknowledged = self._acknowledged
+        while len(result) < len(pieces) and time.monotonic() < self._deadline(start, timeout_s, answered):
             if cancel is not None and cancel():
                 raise DeliveryError(f"stopped waiting for the acknowledgement from {topic}")
             self._producer.poll(0.05)
+            if self._acknowledged != acknowledged:
+                acknowledged, answered = self._acknowledged, time.monotonic()
         if len(result) < len(pieces):
             waited = min(timeout_s, time.monotonic() - start)  # less where a stop cut the wait short
             self._unanswered()
@@ -230,8 +238,12 @@ class KafkaPublisher:
     def poll(self, timeout_s: float = 0.0) -> None:
         self._producer.poll(timeout_s)
 
-    def _deadline(self, start: float, timeout_s: float) -> float:
-        return start + timeout_s if self._stop is None else self._stop.deadline(start, timeout_s)
+    def _deadline(self, start: float, timeout_s: float, answered: float) -> float:
+        """`timeout_s` after `start`; while stopping, no later than the stop's bound after `answered`,
+        the latest acknowledgement (or `start`): a broker that keeps acknowledging is slow, not gone
+        (a big final flush, a batch of many chunks), and what it takes is not left to be redone."""
+        end = start + timeout_s
+        return end if self._stop is None else min(end, self._stop.deadline(answered, timeout_s))
 
     def _unanswered(self) -> None:
         if self._stop is not None:
@@ -241,13 +253,16 @@ class KafkaPublisher:
         """Wait for queued messages; returns how many messages `send` queued since the last flush were
         not delivered: still queued, or failed (refused by the broker, timed out before the wait ended).
         The wait goes in short slices, so that a stop that comes meanwhile bounds it too."""
-        start = time.monotonic()
+        start = answered = time.monotonic()
+        acknowledged = self._acknowledged
         remaining = len(self._producer)
         while remaining:
-            left = self._deadline(start, timeout_s) - time.monotonic()
+            left = self._deadline(start, timeout_s, answered) - time.monotonic()
             if left <= 0:
                 break
             remaining = int(self._producer.flush(min(left, FLUSH_SLICE_S)))
+            if self._acknowledged != acknowledged:
+                acknowledged, answered = self._acknowledged, time.monotonic()
         self._producer.poll(0)  # the reports of what was delivered before a wait of no time at all
         failed, self._failed = self._failed, 0
         if remaining:

@@ -17,13 +17,13 @@ from prometheus_client import CollectorRegistry
 
 from sapo.broker import EmbeddedBroker
 from sapo.cpugate import ComputeGate
-from sapo.kafka import ConsumerLoop, Disposition, TransportMetrics
+from sapo.kafka import ConsumerLoop, Disposition, KafkaPublisher, TransportMetrics
 from sapo.lifecycle import StopFlag
 from sapo.settings import ConsumerProfile
 from sapo.topics import TopicNames, ensure_topics
 from tests.conformance.launch import NODE, ROOT, service_env
 from tests.integration.generator_helpers import http_get, plan_work, wait_until
-from tests.integration.kafka_helpers import consumer, fill_partitions
+from tests.integration.kafka_helpers import consumer, create_topics, fill_partitions
 
 pytestmark = pytest.mark.integration
 Popen = subprocess.Popen[bytes]
@@ -198,3 +198,35 @@ def test_what_a_stopping_loop_s_close_raises_still_reaches_its_caller(
     stop.set("SIGTERM")
     with pytest.raises(RuntimeError, match="the revocation hook broke"):
         loop.close()
+
+
+ONE_AT_A_TIME = {"batch.num.messages": "1", "max.in.flight.requests.per.connection": "1", "linger.ms": "0"}
+"""A producer whose records are acknowledged one round trip after another: a broker that is up but
+slow to acknowledge all of them (about 0.2 ms each on loopback)."""
+
+
+def test_a_stopping_flush_and_send_wait_on_while_the_broker_keeps_acknowledging(
+    kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    """Seconds of acknowledgements that keep coming, next to a stop's broker wait of 0.3 s: a broker
+    that is up, only slow (a big final flush, a batch of many chunks). The bound counts from the
+    latest acknowledgement, so everything is delivered rather than left (a generator's whole call, a
+    sampler's batch) to be redone after the restart, and no later wait is skipped."""
+    topic = f"{topic_prefix}.out"
+    create_topics(kafka_bootstrap, topic)
+    stop = StopFlag(broker_wait_s=0.3)
+    config = {"bootstrap.servers": kafka_bootstrap} | ONE_AT_A_TIME
+    publisher = KafkaPublisher(config, max_message_bytes=4096, stop=stop)
+    try:
+        publisher.send_sync(topic, b"k", b"connected", timeout_s=30.0)
+        stop.set("SIGTERM")
+        for _ in range(20_000):
+            publisher.send(topic, b"k", b"x" * 100)
+        started = time.monotonic()
+        assert publisher.flush(60.0) == 0
+        assert time.monotonic() - started > 1.0  # the premise: far slower than the stop's bound
+        started = time.monotonic()
+        publisher.send_sync(topic, b"k", bytes(20_000 * 1024), timeout_s=60.0)  # thousands of chunks
+        assert time.monotonic() - started > 1.0
+    finally:
+        publisher.close(0.0)
