@@ -173,6 +173,11 @@ class KafkaConsumerClient:
                 # poll reports them lost or revoked and their next owner re-reads them from the last
                 # commit, as after any loss.
                 log.warning("commit skipped, the group moved the partitions on: %s", exc)
+            elif code in _COORDINATOR_UNKNOWN:
+                # No coordinator to commit to right now (its broker gone or moving; seen in a close's
+                # revocation as a generator stopped): the positions stay stored for the next commit,
+                # and one that never comes leaves them to the next owner to re-read (at-least-once).
+                log.warning("commit skipped, the group's coordinator is not known: %s", exc)
             elif code != KafkaError._NO_OFFSET:
                 raise
 
@@ -350,6 +355,10 @@ _GROUP_MOVED_ON: Final = frozenset(
     }
 )
 """Commit errors that mean this member's partitions are (being) handed on, not a failure of ours."""
+_COORDINATOR_UNKNOWN: Final = frozenset(
+    {KafkaError._WAIT_COORD, KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR}
+)
+"""Commit errors that mean the group's coordinator cannot be reached now, not that the commit is wrong."""
 
 
 def to_record(msg: Message) -> Record | None:
