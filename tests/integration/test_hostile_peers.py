@@ -8,16 +8,55 @@ import time
 
 import confluent_kafka
 import pytest
+from prometheus_client import CollectorRegistry
 
+from sapo.kafka import Record
 from sapo.kafka.chunks import H_CHUNK, H_CHUNK_DIGESTS, H_CHUNK_ID, H_CHUNK_SHA, split
 from sapo.kafka.dlq import H_REASON, H_SERVICE, H_SOURCE, H_TIME
 from sapo.sampler.settings import SamplerSettings
+from sapo.topics import TopicNames
 from sapo.v1 import batch_pb2, rollout_pb2
 from sapo.wire import H_NODE
 from tests.integration.test_sampler import NODE, TopicReader, _in_process_core, _topics
 from tests.unit.sampler.builders import encoded, questions, real_group
 
 pytestmark = pytest.mark.integration
+
+
+def _first_batch(
+    kafka_bootstrap: str, topic_prefix: str, topics: TopicNames, letters: int, wait_s: float
+) -> tuple[batch_pb2.TrainingBatch, list[Record], CollectorRegistry]:
+    """A real sampler (async, batches of one local and one external group, one group a peer) run until
+    its first batch: that batch, the dead letters of `letters` keys (or those that came within
+    `wait_s`) and the sampler's metrics."""
+    settings = SamplerSettings(
+        node_id=NODE,
+        topic_prefix=topic_prefix,
+        round_mode="async",
+        local_groups=1,
+        external_groups=1,
+        expected_peers=1,
+        max_per_source=1,
+        recovery_idle_s=1.0,
+    )
+    core, registry, health, publisher = _in_process_core(kafka_bootstrap, topics, settings)
+    try:
+        core.local.open()
+        core.swarm.open()
+        deadline = time.monotonic() + 40
+        while core.sequence < 1 and time.monotonic() < deadline:
+            core.step()
+        assert health.failing() == []
+        assert publisher.flush(10) == 0
+    finally:
+        core.close()
+    batches, dlq = TopicReader(kafka_bootstrap, topics.batches), TopicReader(kafka_bootstrap, topics.dlq)
+    try:
+        [batch] = batches.batches(1, timeout_s=20)
+        return batch, dlq.until(letters, timeout_s=wait_s), registry
+    finally:
+        batches.close()
+        dlq.close()
 
 
 def test_hostile_records_are_dead_lettered_and_the_good_group_after_them_is_taken(
@@ -56,34 +95,7 @@ def test_hostile_records_are_dead_lettered_and_the_good_group_after_them_is_take
     send(topics.rollouts, real_group(next(records), NODE))
     assert producer.flush(30) == 0
 
-    settings = SamplerSettings(
-        node_id=NODE,
-        topic_prefix=topic_prefix,
-        round_mode="async",
-        local_groups=1,
-        external_groups=1,
-        expected_peers=1,
-        max_per_source=1,
-        recovery_idle_s=1.0,
-    )
-    core, registry, health, publisher = _in_process_core(kafka_bootstrap, topics, settings)
-    try:
-        core.local.open()
-        core.swarm.open()
-        deadline = time.monotonic() + 40
-        while core.sequence < 1 and time.monotonic() < deadline:
-            core.step()
-        assert health.failing() == []
-        assert publisher.flush(10) == 0
-    finally:
-        core.close()
-    batches, letters = TopicReader(kafka_bootstrap, topics.batches), TopicReader(kafka_bootstrap, topics.dlq)
-    try:
-        [batch] = batches.batches(1, timeout_s=20)
-        dead = letters.until(5, timeout_s=20)
-    finally:
-        batches.close()
-        letters.close()
+    batch, dead, registry = _first_batch(kafka_bootstrap, topic_prefix, topics, letters=5, wait_s=20)
 
     external = [bg.group.group_id for bg in batch.groups if bg.source == batch_pb2.GROUP_SOURCE_EXTERNAL]
     assert external == [taken.group_id]
@@ -127,34 +139,8 @@ def test_a_forged_chunk_under_an_open_group_s_id_is_refused_alone_and_the_group_
     send(topics.rollouts, b"local", *encoded(real_group(next(records), NODE)))
     assert producer.flush(30) == 0
 
-    settings = SamplerSettings(
-        node_id=NODE,
-        topic_prefix=topic_prefix,
-        round_mode="async",
-        local_groups=1,
-        external_groups=1,
-        expected_peers=1,
-        max_per_source=1,
-        recovery_idle_s=1.0,
-    )
-    core, registry, health, publisher = _in_process_core(kafka_bootstrap, topics, settings)
-    try:
-        core.local.open()
-        core.swarm.open()
-        deadline = time.monotonic() + 40
-        while core.sequence < 1 and time.monotonic() < deadline:
-            core.step()
-        assert health.failing() == []
-        assert publisher.flush(10) == 0
-    finally:
-        core.close()
-    batches, letters = TopicReader(kafka_bootstrap, topics.batches), TopicReader(kafka_bootstrap, topics.dlq)
-    try:
-        [batch] = batches.batches(1, timeout_s=20)
-        dead = letters.until(2, timeout_s=5)  # whatever was dead-lettered (one key: the group's)
-    finally:
-        batches.close()
-        letters.close()
+    # whatever was dead-lettered (one key: the group's)
+    batch, dead, registry = _first_batch(kafka_bootstrap, topic_prefix, topics, letters=2, wait_s=5)
 
     external = [bg.group.group_id for bg in batch.groups if bg.source == batch_pb2.GROUP_SOURCE_EXTERNAL]
     assert external == [taken.group_id]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -43,6 +44,21 @@ def _loop(
         **kwargs,  # type: ignore[arg-type]
     )
     return loop, registry
+
+
+def _collecting(handled: list[bytes]) -> Callable[[Record], Disposition]:
+    """A handler that keeps each record's value in `handled`."""
+
+    def handle(record: Record) -> Disposition:
+        handled.append(record.value or b"")
+        return Disposition.DONE
+
+    return handle
+
+
+def _own_node(record: Record) -> str | None:
+    """A prefilter refusing the records of this node (`me`)."""
+    return "own_node" if record.headers.get("sapo-node-id") == b"me" else None
 
 
 def test_watermark_never_passes_lowest_unfinished() -> None:
@@ -132,15 +148,9 @@ def test_prefilter_drops_without_calling_the_handler() -> None:
     bus.append("in", None, b"\xff", [("sapo-node-id", b"me")])
     bus.append("in", None, b"ok", [("sapo-node-id", b"peer")])
     handled: list[bytes] = []
+    handle = _collecting(handled)
 
-    def handle(record: Record) -> Disposition:
-        handled.append(record.value or b"")
-        return Disposition.DONE
-
-    def own_node(record: Record) -> str | None:
-        return "own_node" if record.headers.get("sapo-node-id") == b"me" else None
-
-    loop, registry = _loop(bus, handle, prefilter=own_node)
+    loop, registry = _loop(bus, handle, prefilter=_own_node)
     loop.run(idle_timeout_s=0.0)
     assert handled == [b"ok"]
     assert registry.get_sample_value("sapo_test_messages_rejected_total", {"reason": "own_node"}) == 1
@@ -154,10 +164,7 @@ def test_prefilter_judges_a_chunked_message_once() -> None:
     bus.append("in", None, b"ok", [("sapo-node-id", b"peer")])
     judged: list[int] = []
     handled: list[bytes] = []
-
-    def handle(record: Record) -> Disposition:
-        handled.append(record.value or b"")
-        return Disposition.DONE
+    handle = _collecting(handled)
 
     def count(record: Record) -> str | None:
         judged.append(record.offset)
@@ -182,15 +189,9 @@ def test_a_first_chunk_under_an_open_message_s_id_is_not_prefiltered_for_that_me
     for piece in pieces[1:]:
         bus.append("in", b"k", *piece)
     handled: list[bytes] = []
+    handle = _collecting(handled)
 
-    def handle(record: Record) -> Disposition:
-        handled.append(record.value or b"")
-        return Disposition.DONE
-
-    def own_node(record: Record) -> str | None:
-        return "own_node" if record.headers.get("sapo-node-id") == b"me" else None
-
-    loop, registry = _loop(bus, handle, prefilter=own_node)
+    loop, registry = _loop(bus, handle, prefilter=_own_node)
     loop.run(idle_timeout_s=0.0)
     assert handled == [value]
     rejected = "sapo_test_messages_rejected_total"
@@ -215,15 +216,9 @@ def test_a_first_chunk_under_a_stale_message_s_id_is_not_taken_past_the_prefilte
         ("sapo-chunk-sha256", hashlib.sha256(whole).hexdigest().encode()),
     ]
     handled: list[bytes] = []
+    handle = _collecting(handled)
 
-    def handle(record: Record) -> Disposition:
-        handled.append(record.value or b"")
-        return Disposition.DONE
-
-    def own_node(record: Record) -> str | None:
-        return "own_node" if record.headers.get("sapo-node-id") == b"me" else None
-
-    loop, registry = _loop(bus, handle, prefilter=own_node)
+    loop, registry = _loop(bus, handle, prefilter=_own_node)
     now = [0.0]
     loop._reassembler = Reassembler(1000, 1000, stale_s=60, clock=lambda: now[0])
     loop.open()
