@@ -345,6 +345,22 @@ def test_checkpoint_values_that_cannot_work_fail_at_install(sets: tuple[str, ...
     assert complaint in template_error(*sets)
 
 
+def test_a_recreated_service_s_rollout_outlasts_its_grace_period() -> None:
+    """Recreate starts the new pod once the old one stopped, which may take the grace period: with
+    Kubernetes' default deadline (600 s) under the trainer's 1200 s grace, a rollout beside a long
+    step was reported failed while it went on. By default the deadline follows the grace period."""
+    docs = render(None)
+    for component in ("generator", "sampler", "trainer"):
+        spec = deployment(docs, component)["spec"]
+        assert spec["progressDeadlineSeconds"] > spec["template"]["spec"]["terminationGracePeriodSeconds"]
+    hour = "trainer.terminationGracePeriodSeconds=3600"
+    assert deployment(render(None, hour), "trainer")["spec"]["progressDeadlineSeconds"] == 4200
+    error = template_error("trainer.progressDeadlineSeconds=1200")
+    assert "trainer.progressDeadlineSeconds=1200 must exceed" in error
+    raised = render(None, hour, "trainer.progressDeadlineSeconds=7200")
+    assert deployment(raised, "trainer")["spec"]["progressDeadlineSeconds"] == 7200
+
+
 def test_a_file_url_is_a_volume_the_operator_mounts() -> None:
     """`file://` names a path the pods share through extraVolumes (an NFS export, a hostPath on one
     machine): the chart makes no claim for it and refuses nothing."""
