@@ -50,10 +50,9 @@ class StopFlag:
         once one such wait ran out (`broker_unanswered`), every later one ends at once: each would only
         run out again, and their sum would outlast the grace period."""
         end = start + timeout_s
-        set_at = self._set_at
-        if set_at is None or self._broker_wait_s is None:
+        set_at, bound = self._set_at, self.broker_wait_s()
+        if set_at is None or bound is None:
             return end
-        bound = 0.0 if self._broker_gone else self._broker_wait_s
         return min(end, max(start, set_at) + bound)
 
     def broker_wait_s(self) -> float | None:
