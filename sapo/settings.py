@@ -286,7 +286,8 @@ class PeerMetricsSettings(BaseModel):
         ge=0,
         le=256,
         description="Peers with their own `peer` label in the per-peer contribution metrics: the first "
-        "this many peers whose groups this node used, for the life of the process; every other peer is "
+        "this many peers whose groups passed the sampler's filters or were trained on by the trainer, for "
+        "the life of the process; every other peer is "
         'counted under peer="_other" (the node\'s own id always has its label). Bounds the series '
         "count; `sapo report` has every peer.",
     )
