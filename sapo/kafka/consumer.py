@@ -11,7 +11,8 @@ Delivery semantics (at-least-once):
   at most every `STORE_INTERVAL_S`); on revoke the loop commits
   synchronously before giving partitions up; on loss it commits nothing and drops the partitions'
   state (a commit that finds them lost already is skipped: the next poll reports the loss); on close
-  it commits what is finished. A stopping service waits for that close only as long as its stop flag
+  it commits what is finished, and an owner's commit once the service is stopping only stores it for
+  that close. A stopping service waits for that close only as long as its stop flag
   leaves for the broker (`sapo.lifecycle.StopFlag.broker_wait_s`): with the broker gone, librdkafka's
   close waits for a commit in flight until the group's session times out (45 s by default), past the
   grace period before SIGKILL. Such a close goes on in a thread the process does not wait for at exit;
@@ -478,9 +479,13 @@ class ConsumerLoop:
             self.watermarks.finish(part.tp, part.offset)
 
     def commit(self) -> None:
-        """Store and synchronously commit everything finished so far."""
+        """Store everything finished so far and commit it synchronously; once the stop flag is set,
+        only store it. The close commits what is stored within the stop's bound on waits for the
+        broker, where a synchronous commit to a broker gone since it acknowledged the output would
+        block until the group's session times out."""
         self._client.store(self.watermarks.positions())
-        self._client.commit()
+        if not self._stop.is_set():
+            self._client.commit()
 
     def open(self) -> None:
         """Join the group; `step()` may be called from then on."""

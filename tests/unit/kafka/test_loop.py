@@ -28,7 +28,7 @@ pytestmark = pytest.mark.unit
 
 
 def _loop(
-    bus: MemoryBus, handler: object, group: str = "g", **kwargs: object
+    bus: MemoryBus, handler: object, group: str = "g", stop: StopFlag | None = None, **kwargs: object
 ) -> tuple[ConsumerLoop, CollectorRegistry]:
     registry = CollectorRegistry()
     metrics = TransportMetrics(registry, "test")
@@ -37,7 +37,7 @@ def _loop(
         MemoryConsumerClient(bus, group),
         ["in"],
         handler,  # type: ignore[arg-type]
-        stop=StopFlag(),
+        stop=stop or StopFlag(),
         metrics=metrics,
         dead_letters=dlq,
         poll_timeout_s=0.0,
@@ -87,6 +87,24 @@ def test_done_records_are_committed_and_not_redelivered() -> None:
     assert bus.committed[("g", ("in", 0))] == 3
     again, _ = _loop(bus, handle)
     assert again.run(idle_timeout_s=0.0) == 0
+
+
+def test_a_commit_while_stopping_is_left_to_the_close() -> None:
+    """Once stopping, an owner's commit only stores: the close commits within the stop's bound, where a
+    synchronous commit to a broker gone since its acknowledgement would wait out the group's session."""
+    bus = MemoryBus()
+    for i in range(3):
+        bus.append("in", None, b"%d" % i, [])
+    stop = StopFlag(5.0)
+    loop, _ = _loop(bus, _collecting([]), stop=stop)
+    loop.open()
+    while loop.step(0.0):
+        pass
+    stop.set("test")
+    loop.commit()
+    assert ("g", ("in", 0)) not in bus.committed
+    loop.close()
+    assert bus.committed[("g", ("in", 0))] == 3
 
 
 def test_held_records_are_redelivered_after_a_crash() -> None:
