@@ -107,11 +107,14 @@ def rollout_headers(
     signer: HeaderSigner | None = None,
     generator_config: str = "",
 ) -> list[tuple[str, bytes]]:
-    """Routing headers plus the group's facts (outside the signature: the body they restate is in it)
-    and, when given, the fingerprint of the generator settings it was sampled with (outside too:
+    """Routing headers plus the group's facts, signed by `signer` when given (a lazy sampler pools the
+    group on its facts before it decodes the body, so nobody but the signer may restate them), and,
+    when given, the fingerprint of the generator settings it was sampled with (outside the signature:
     only the node's own sampler reads it, as a diagnosis)."""
-    headers = message_headers("RolloutGroup", group.node_id, value, group.question.task, signer)
+    headers = message_headers("RolloutGroup", group.node_id, value, group.question.task)
     headers.append((H_FACTS, encode_facts(group_facts(group))))
+    if signer is not None:
+        headers = signer.sign_headers(headers, value)
     if generator_config:
         headers.append((H_GENERATOR_CONFIG, generator_config.encode()))
     return headers

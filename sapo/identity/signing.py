@@ -1,18 +1,21 @@
-"""What a signature covers: a message's payload together with the routing headers filters trust.
+"""What a signature covers: a message's payload together with the headers filters trust.
 
 A shared group carries three more headers: `sapo-key-id`, `sapo-public-key` (so an open swarm can pin
 a node's first key from its first group) and `sapo-signature`, an Ed25519 signature over
 `signed_bytes(headers, value)`:
 
     b"sapo-signed-message/v1\\0"
-    then for each of sapo-type, sapo-node-id, sapo-task, sapo-schema-version, sapo-key-id:
+    then for each of sapo-type, sapo-node-id, sapo-task, sapo-schema-version, sapo-group-facts,
+    sapo-key-id:
         name, b"\\0", 4-byte big-endian length of the header's value, the value (empty if absent)
     then b"sha256\\0" and the 32-byte SHA-256 digest of the payload.
 
 Every field is length-prefixed in a fixed order, so no two header sets give the same bytes; an absent
 header is signed as empty, so one cannot be added later. Swapping signed headers onto another body, or
 editing a routing header (the node id that quotas key on, the task or schema version a prefilter
-reads), breaks the signature. The type header keeps a signed group from being replayed as another
+reads) or the facts header (the id, round, date and claimed signal a lazy sampler pools and counts a
+group on before it decodes the body: unsigned, anyone could replay a node's group as other groups of
+that node), breaks the signature. The type header keeps a signed group from being replayed as another
 message type. Key statements (`sapo.identity.announce`) sign under their own domain tag, so no
 signature is valid in both places.
 """
@@ -31,7 +34,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from sapo.identity.keys import SIGNATURE_BYTES, NodeKey
-from sapo.wire import H_NODE, H_SCHEMA, H_TASK, H_TYPE
+from sapo.wire import H_FACTS, H_NODE, H_SCHEMA, H_TASK, H_TYPE
 
 H_KEY_ID: Final = "sapo-key-id"
 H_PUBLIC_KEY: Final = "sapo-public-key"
@@ -39,7 +42,7 @@ H_SIGNATURE: Final = "sapo-signature"
 
 MESSAGE_DOMAIN: Final = b"sapo-signed-message/v1\x00"
 STATEMENT_DOMAIN: Final = b"sapo-key-statement/v1\x00"
-SIGNED_HEADERS: Final = (H_TYPE, H_NODE, H_TASK, H_SCHEMA, H_KEY_ID)
+SIGNED_HEADERS: Final = (H_TYPE, H_NODE, H_TASK, H_SCHEMA, H_FACTS, H_KEY_ID)
 """The headers a signature binds, in the order they are signed."""
 
 

@@ -57,8 +57,8 @@ When step 3's verification runs (`VerifyMode`, setting `SAPO_SAMPLER_VERIFY`):
   older sender) is decoded on arrival as above. What a lying header can do is what a lying reward
   claim can: take its sender's own pool share and one verification per pick. It cannot speak for
   another node: the pool keys on the sender (`sapo.sampler.sender`), whose signature, with identity
-  on, is verified on arrival over the node header and the payload, before the group may take or
-  free any place in the pool, so a forged identity never evicts anyone's group. That check (~0.1 ms
+  on, is verified on arrival over the node and facts headers and the payload, before the group may
+  take or free any place in the pool, so a forged identity never evicts anyone's group. That check (~0.1 ms
   of Ed25519 per record on a 2-core machine) is then most of an arrival's cost. Deferring it to the
   groups the pool would admit is possible (a refusal changes nothing, and fairness refuses on the
   claimed identity's count alone) but not done: lock-step arrivals, per-peer accounting and

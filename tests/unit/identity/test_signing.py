@@ -31,6 +31,7 @@ def test_every_signed_header_and_the_payload_change_the_signed_bytes() -> None:
         wire.H_NODE: b"node-a",
         wire.H_TASK: b"t",
         wire.H_SCHEMA: b"1",
+        wire.H_FACTS: b"f1;facts",
         H_KEY_ID: b"k",
     }
     base = signed_bytes(headers, b"payload")

@@ -7,8 +7,9 @@ import pytest
 
 from sapo import wire
 from sapo.identity.keys import NodeKey
-from sapo.identity.signing import H_KEY_ID, H_PUBLIC_KEY, H_SIGNATURE
+from sapo.identity.signing import H_KEY_ID, H_PUBLIC_KEY, H_SIGNATURE, Signer
 from sapo.identity.trust import HOSTILE, IDENTITY_REASONS, Rejection, Sender, TrustStore
+from tests.factories import make_group
 from tests.unit.identity.helpers import NOW, admit, revoke, rotate, signed
 
 pytestmark = pytest.mark.unit
@@ -73,6 +74,19 @@ def test_headers_moved_onto_another_body_or_edited_break_the_signature() -> None
     headers, value = signed("node-a", A)
     assert reason(store.identify(headers | {wire.H_TASK: b"other_task"}, value, NOW)) == "bad_signature"
     assert reason(store.identify(headers | {wire.H_SCHEMA: b"2"}, value, NOW)) == "bad_signature"
+
+
+def test_a_replayed_group_with_edited_facts_breaks_the_signature() -> None:
+    """A lazy sampler pools a group on its facts header (id, round, date, claimed signal) before it
+    decodes the body: anyone copying node-a's signed record must not restate it as another group."""
+    group = make_group(node_id="node-a")
+    value = group.SerializeToString()
+    headers = dict(wire.rollout_headers(group, value, Signer(A)))
+    assert strict(node_a=A).identify(headers, value, NOW) == Sender("node-a", A.key_id)
+    fresh_id = "00000000-0000-4000-8000-000000000001"
+    lie = wire.group_facts(group)._replace(group_id=fresh_id, round=group.round + 1, signal=True)
+    edited = headers | {wire.H_FACTS: wire.encode_facts(lie)}
+    assert reason(strict(node_a=A).identify(edited, value, NOW)) == "bad_signature"
 
 
 def test_strict_refuses_unknown_nodes_without_dead_lettering_them() -> None:
