@@ -155,6 +155,15 @@ def test_tofu_never_repins_a_node_whose_keys_were_revoked() -> None:
     assert reason(store.identify(*signed("node-a", B), NOW)) == "key_conflict"
 
 
+def test_tofu_never_pins_a_node_it_knows_only_by_a_revocation() -> None:
+    """Compaction keeps only a key's revocation, and a restarted receiver's pins no longer hold a
+    revoked key: whoever stole it must not claim its node with a key of their own."""
+    fresh = TrustStore(tofu=True)
+    assert fresh.apply(revoke("node-a", A.key_id, A), NOW) == "revoked"
+    assert reason(fresh.identify(*signed("node-a", B), NOW)) == "key_conflict"
+    assert fresh.apply(admit("node-a", B), NOW) == "key_conflict"
+
+
 # --- announcements ---
 
 
