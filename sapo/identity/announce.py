@@ -1,9 +1,10 @@
 """Key announcements as `sapo keys announce` makes them: statements, their signatures, record keys.
 
 The rules receivers apply are in `sapo.identity.trust`; this module only builds what they read. The
-keys topic is compacted with record key `<node_id>/<key_id>`: a key's ADD and its later REVOKE share
-a record key, so compaction keeps the revocation, and a rotation's record is never replaced by
-another key's.
+keys topic is compacted with record key `<node_id>/<key_id>` for a key's ADD and
+`<node_id>/<key_id>/revoked` for its REVOKE: compaction keeps both, so a rotation's record (the one
+that retired the previous key) outlives the new key's revocation, and is never replaced by another
+key's. Read in order, the revocation still comes after the ADD it revokes.
 """
 
 from __future__ import annotations
@@ -51,8 +52,9 @@ def add_statement(
 
 
 def revoke_statement(node_id: str, key_id: str, now_s: float, signer: NodeKey) -> identity_pb2.KeyStatement:
-    """Revoke `key_id`. When the key revokes itself its public key goes along: compaction keeps only
-    this record, and a receiver that never saw the key still needs it to check the signature."""
+    """Revoke `key_id`. When the key revokes itself its public key goes along: a key pinned from its
+    groups is on no other record, and a receiver that never saw it still needs it to check the
+    signature."""
     statement = identity_pb2.KeyStatement(
         schema_version=SCHEMA_VERSION,
         action=identity_pb2.KEY_ACTION_REVOKE,
@@ -75,4 +77,5 @@ def announcement(statement: identity_pb2.KeyStatement, signers: Sequence[NodeKey
 
 
 def record_key(statement: identity_pb2.KeyStatement) -> bytes:
-    return f"{statement.node_id}/{statement.key_id}".encode()
+    revoked = "/revoked" if statement.action == identity_pb2.KEY_ACTION_REVOKE else ""
+    return f"{statement.node_id}/{statement.key_id}{revoked}".encode()

@@ -322,8 +322,8 @@ class TrustStore:
             return "bad_signature"
         if target is not None and target.node_id != st.node_id:
             return "identity_mismatch"
-        # Known from now on even when this receiver never saw the key (compaction keeps only the
-        # revocation, a restart's pins no longer hold a revoked key): never re-pinned on first use.
+        # Known from now on even when this receiver never saw the key (one pinned from its groups is
+        # on no record, a restart's pins no longer hold a revoked key): never re-pinned on first use.
         self._seen_nodes.add(st.node_id)
         self.revoke(st.key_id)
         return "revoked"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sapo import wire
+from sapo.identity.announce import add_statement, announcement, record_key, revoke_statement
 from sapo.identity.keys import NodeKey
 from sapo.identity.signing import H_KEY_ID, H_PUBLIC_KEY, H_SIGNATURE, Signer
 from sapo.identity.trust import HOSTILE, IDENTITY_REASONS, Rejection, Sender, TrustStore
@@ -156,8 +157,9 @@ def test_tofu_never_repins_a_node_whose_keys_were_revoked() -> None:
 
 
 def test_tofu_never_pins_a_node_it_knows_only_by_a_revocation() -> None:
-    """Compaction keeps only a key's revocation, and a restarted receiver's pins no longer hold a
-    revoked key: whoever stole it must not claim its node with a key of their own."""
+    """A key pinned from its groups is on no record but its revocation, and a restarted receiver's
+    pins no longer hold a revoked key: whoever stole it must not claim its node with a key of their
+    own."""
     fresh = TrustStore(tofu=True)
     assert fresh.apply(revoke("node-a", A.key_id, A), NOW) == "revoked"
     assert reason(fresh.identify(*signed("node-a", B), NOW)) == "key_conflict"
@@ -240,6 +242,32 @@ def test_chained_rotations_replay_in_order() -> None:
     assert reason(store.identify(*signed("node-a", B), NOW + 200)) == "retired_key"
 
 
+def compacted(log: list[tuple[bytes, bytes]]) -> list[bytes]:
+    """What a compacted topic keeps of `log`: each record key's last record, in offset order."""
+    last = {key: offset for offset, (key, _) in enumerate(log)}
+    return [value for offset, (key, value) in enumerate(log) if last[key] == offset]
+
+
+def test_revoking_a_rotated_in_key_keeps_the_key_it_retired_retired_after_compaction() -> None:
+    """The rotation that retired A is B's record: B's revocation must not compact it away, or a
+    receiver reading the topic later trusts A again, and A's holder may rotate the node anew."""
+    admin = NodeKey.generate()
+    admission = add_statement("node-a", A.public, NOW)
+    rotation = add_statement("node-a", B.public, NOW, previous_key_id=A.key_id, overlap_s=60)
+    revocation = revoke_statement("node-a", B.key_id, NOW + 100, admin)
+    log = [
+        (record_key(admission), announcement(admission, [A, admin])),
+        (record_key(rotation), announcement(rotation, [B, A])),
+        (record_key(revocation), announcement(revocation, [admin])),
+    ]
+    fresh = TrustStore(admins=[admin.public])
+    for value in compacted(log):
+        fresh.apply(value, NOW + 200)
+    assert reason(fresh.identify(*signed("node-a", B), NOW + 200)) == "revoked_key"
+    assert reason(fresh.identify(*signed("node-a", A), NOW + 200)) == "retired_key"
+    assert fresh.apply(rotate("node-a", A, NodeKey.generate(), 60, NOW + 200), NOW + 200) == "key_conflict"
+
+
 def test_revocation_by_the_key_itself_or_an_admin_only() -> None:
     admin = NodeKey.generate()
     store = TrustStore(admins=[admin.public])
@@ -248,7 +276,7 @@ def test_revocation_by_the_key_itself_or_an_admin_only() -> None:
     assert store.apply(revoke("node-a", A.key_id, B), NOW) == "bad_signature"
     assert store.apply(revoke("node-a", A.key_id, A), NOW) == "revoked"
     assert store.apply(revoke("node-a", A.key_id, A), NOW) == "unchanged"
-    # a receiver that never knew the key (compaction kept only the revocation) still applies it
+    # a receiver that never knew the key (pinned from its groups elsewhere) still applies it
     fresh = TrustStore()
     assert fresh.apply(revoke("node-a", A.key_id, A), NOW) == "revoked"
     assert reason(fresh.identify(*signed("node-a", A), NOW)) == "revoked_key"
