@@ -139,8 +139,9 @@ def save_trust_list(path: Path, trust: TrustList) -> None:
 def build_store(
     trust: TrustList, *, tofu: bool, max_pinned_nodes: int, pins: TrustList | None = None
 ) -> TrustStore:
-    """A store holding the trust list (and an open swarm's earlier pins); raises IdentityError when a
-    pinned key now belongs to another node in the trust list."""
+    """A store holding the trust list (and an open swarm's earlier pins, except those of a node the
+    list names: its keys are the list's, as a running store refuses another key for a listed node);
+    raises IdentityError when a pinned key now belongs to another node in the trust list."""
     store = TrustStore(
         tofu=tofu, admins=[parse_public(t) for t in trust.admins], max_pinned_nodes=max_pinned_nodes
     )
@@ -149,6 +150,8 @@ def build_store(
     sources = [(trust, "file"), (pins, "pinned")] if pins is not None else [(trust, "file")]
     for listed, source in sources:
         for node, keys in listed.nodes.items():
+            if source == "pinned" and node in trust.nodes:
+                continue  # pinned before the list named it: whoever claimed it first
             for text in keys:
                 public = parse_public(text)
                 if not store.is_revoked(key_id(public)):

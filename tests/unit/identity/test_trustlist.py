@@ -109,6 +109,19 @@ def test_a_pin_that_the_trust_list_now_gives_to_another_node_fails_at_start() ->
         build_store(trust, tofu=True, max_pinned_nodes=10, pins=pins)
 
 
+def test_the_trust_list_overrules_an_earlier_pin_of_a_node_it_lists() -> None:
+    """Someone pinned node-a first; its operator lists node-a's own key: the squatter's pin is gone
+    after the restart that reads the list, as it would be without a pins file."""
+    node_c = NodeKey.generate()
+    pins = TrustList().with_key("node-a", B.public_text).with_key("node-c", node_c.public_text)
+    trust = TrustList().with_key("node-a", A.public_text)
+    store = build_store(trust, tofu=True, max_pinned_nodes=10, pins=pins)
+    assert store.identify(*signed("node-a", A), NOW) == Sender("node-a", A.key_id)
+    result = store.identify(*signed("node-a", B), NOW)
+    assert isinstance(result, Rejection) and result.reason == "key_conflict"
+    assert store.identify(*signed("node-c", node_c), NOW) == Sender("node-c", node_c.key_id)
+
+
 def test_a_trust_list_that_is_not_utf8_text_says_so(tmp_path: Path) -> None:
     """It ended `sapo keys trust` and a sampler's start in a UnicodeDecodeError traceback."""
     path = tmp_path / "trust.yaml"
