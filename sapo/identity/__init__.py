@@ -8,7 +8,7 @@ are in docs/identity.md.
 """
 
 from sapo.identity.keys import IdentityError, NodeKey, key_id, parse_public, public_text
-from sapo.identity.signing import H_KEY_ID, H_PUBLIC_KEY, H_SIGNATURE, Signer, signed_bytes
+from sapo.identity.signing import H_KEY_ID, H_PUBLIC_KEY, H_SIGNATURE, H_SIGNATURE_V2, Signer, signed_bytes
 from sapo.identity.trust import HOSTILE, IDENTITY_REASONS, Rejection, Sender, TrustMode, TrustStore
 
 __all__ = [
@@ -16,6 +16,7 @@ __all__ = [
     "H_KEY_ID",
     "H_PUBLIC_KEY",
     "H_SIGNATURE",
+    "H_SIGNATURE_V2",
     "IDENTITY_REASONS",
     "IdentityError",
     "NodeKey",

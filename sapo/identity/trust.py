@@ -9,7 +9,8 @@ swarm (`tofu`) from first use. `identify` turns a message's headers into the ver
   `bad_node_id`: in an open swarm, the first key of a name that is no node id (section 1 of
   docs/contract.md), which is never pinned; the same reason as without identity.
 - `bad_signature`: the signature does not verify (forged, edited headers, headers moved onto another
-  body), or the public key header does not match the key id.
+  body), or the public key header does not match the key id. A record with the v2 signature
+  (`sapo.identity.signing`) is judged by it alone, so a facts header edited under it is refused too.
 - `identity_mismatch`: a valid signature by a key of node A on a message that claims node B.
 - `key_conflict`: a key this receiver does not know for a node it knows (a forged key, or a rotation
   used before its announcement arrived).
@@ -48,6 +49,7 @@ from sapo.identity.signing import (
     H_KEY_ID,
     H_PUBLIC_KEY,
     H_SIGNATURE,
+    H_SIGNATURE_V2,
     decode_signature,
     signed_bytes,
     statement_bytes,
@@ -94,10 +96,12 @@ class TrustMode(StrEnum):
 @dataclass(frozen=True)
 class Sender:
     """Who sent a message, as far as the receiver can tell. `key_id` is "" when nothing was verified
-    (the node's own private topic, or identity off)."""
+    (the node's own private topic, or identity off). `facts_signed`: a verified signature covered the
+    facts header too (`sapo.identity.signing`, v2); a verified sender's facts are trusted only then."""
 
     node_id: str
     key_id: str = ""
+    facts_signed: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -186,7 +190,8 @@ class TrustStore:
     def identify(self, headers: Mapping[str, bytes], value: bytes, now_s: float) -> Sender | Rejection:
         """The verified sender of a signed message, or why it is refused (module docstring)."""
         kid = header_str(headers, H_KEY_ID)
-        raw_signature = headers.get(H_SIGNATURE)
+        facts = H_SIGNATURE_V2 in headers  # v2 covers all that v1 does, and the facts header
+        raw_signature = headers.get(H_SIGNATURE_V2 if facts else H_SIGNATURE)
         if not kid or raw_signature is None:
             return Rejection("unsigned")
         node = header_str(headers, H_NODE)[:64]  # a claim: bounded before it reaches logs and dead letters
@@ -197,20 +202,20 @@ class TrustStore:
             return Rejection("bad_signature", "not a base64 Ed25519 signature")
         if kid in self._revoked:
             return Rejection("revoked_key", f"key {kid}")
-        data = signed_bytes(headers, value)
+        data = signed_bytes(headers, value, facts=facts)
         entry = self._keys.get(kid)
         if entry is None:
-            return self._first_use(node, kid, headers.get(H_PUBLIC_KEY), signature, data)
+            return self._first_use(node, kid, headers.get(H_PUBLIC_KEY), signature, data, facts=facts)
         if not valid(entry.public, signature, data):
             return Rejection("bad_signature", f"key {kid}")
         if entry.node_id != node:
             return Rejection("identity_mismatch", f"key {kid} is {entry.node_id}'s, not {node}'s")
         if entry.retire_at is not None and now_s >= entry.retire_at:
             return Rejection("retired_key", f"key {kid} of {node} rotated out")
-        return Sender(node, kid)
+        return Sender(node, kid, facts)
 
     def _first_use(
-        self, node: str, kid: str, raw_public: bytes | None, signature: bytes, data: bytes
+        self, node: str, kid: str, raw_public: bytes | None, signature: bytes, data: bytes, *, facts: bool
     ) -> Sender | Rejection:
         if node in self._seen_nodes:
             return Rejection("key_conflict", f"{kid} is not a key of {node}")
@@ -223,14 +228,14 @@ class TrustStore:
             return Rejection("bad_signature", f"key {kid}")
         if not NODE_ID_RE.fullmatch(node):
             return Rejection("bad_node_id", f"{node!r} is not a node id")
-        return self._pin(node, public)
+        return self._pin(node, public, facts=facts)
 
-    def _pin(self, node: str, public: Ed25519PublicKey) -> Sender | Rejection:
+    def _pin(self, node: str, public: Ed25519PublicKey, *, facts: bool) -> Sender | Rejection:
         if self._pinned >= self.max_pinned_nodes:
             return Rejection("pin_limit", f"{self._pinned} node ids pinned")
         entry = self.add(node, public, "pinned")
         self._new_pins.append(entry)
-        return Sender(node, entry.key_id)
+        return Sender(node, entry.key_id, facts)
 
     # --- announcements ---
 
@@ -280,7 +285,7 @@ class TrustStore:
             return "key_conflict"
         if not self.tofu:
             return "unknown_key"
-        pinned = self._pin(st.node_id, public)
+        pinned = self._pin(st.node_id, public, facts=False)
         return "pinned" if isinstance(pinned, Sender) else pinned.reason
 
     def _apply_rotation(self, ann: _Announcement, public: Ed25519PublicKey, now_s: float) -> str:

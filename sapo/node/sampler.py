@@ -106,6 +106,7 @@ from sapo.settings import ConfigError
 from sapo.topics import TopicNames
 from sapo.v1.rollout_pb2 import RolloutGroup
 from sapo.wire import (
+    H_FACTS,
     H_GENERATOR_CONFIG,
     H_NODE,
     Headers,
@@ -479,13 +480,18 @@ class SamplerService:
         if isinstance(sender, str):
             return sender
         peer = sender.node_id  # "" with identity off and no node header: the body names it
+        headers = record.headers
+        if gate is not None and origin != "local" and not sender.facts_signed:
+            # Facts no signature covers (an older signer, or a copy whose v2 signature was stripped):
+            # set aside, the body decoded on arrival (`sapo.identity.signing`).
+            headers = {name: v for name, v in headers.items() if name != H_FACTS}
         try:
-            facts = arrival_facts(record.headers, origin, self.core.screen.cfg) if admit_unread else None
+            facts = arrival_facts(headers, origin, self.core.screen.cfg) if admit_unread else None
             if facts is not None and admit_unread and peer and record.value is not None:
-                reason = admit_unread(Unread(record.value, record.headers, facts), sender, now)
+                reason = admit_unread(Unread(record.value, headers, facts), sender, now)
                 self._accounts.screened(origin, peer, reason)
                 return reason
-            group = parse(record.value, self._settings.max_payload_bytes, record.headers)
+            group = parse(record.value, self._settings.max_payload_bytes, headers)
             peer = peer or group.node_id
             reason = admit(group, sender, now)
         except InvalidMessageError as exc:

@@ -57,12 +57,13 @@ When step 3's verification runs (`VerifyMode`, setting `SAPO_SAMPLER_VERIFY`):
   older sender) is decoded on arrival as above. What a lying header can do is what a lying reward
   claim can: take its sender's own pool share and one verification per pick. It cannot speak for
   another node: the pool keys on the sender (`sapo.sampler.sender`), whose signature, with identity
-  on, is verified on arrival over the node and facts headers and the payload, before the group may
-  take or free any place in the pool, so a forged identity never evicts anyone's group. That check (~0.1 ms
-  of Ed25519 per record on a 2-core machine) is then most of an arrival's cost. Deferring it to the
-  groups the pool would admit is possible (a refusal changes nothing, and fairness refuses on the
-  claimed identity's count alone) but not done: lock-step arrivals, per-peer accounting and
-  first-use pinning would then see identities nobody verified.
+  on, is verified on arrival over the node header, the payload and (the v2 signature) the facts,
+  before the group may take or free any place in the pool, so a forged identity never evicts anyone's
+  group; facts no signature covers are set aside and the body decoded (`sapo.identity.signing`). That
+  check (~0.1 ms of Ed25519 per record on a 2-core machine) is then most of an arrival's cost.
+  Deferring it to the groups the pool would admit is possible (a refusal changes nothing, and
+  fairness refuses on the claimed identity's count alone) but not done: lock-step arrivals, per-peer
+  accounting and first-use pinning would then see identities nobody verified.
 
 Every rejection is a short reason from `REASONS`, safe as a metric label. Malformed and unverifiable
 input raises `InvalidMessageError` so the consumer loop dead-letters it; everything else (a stale,

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from sapo import wire
 from sapo.identity import NodeKey, TrustStore
 from sapo.identity.announce import add_statement, announcement, record_key
+from sapo.identity.signing import H_SIGNATURE_V2
 from sapo.kafka import DeadLetters, TransportMetrics
 from sapo.kafka.memory import MemoryBus, MemoryConsumerClient, MemoryPublisher
 from sapo.kafka.records import AssignHook, RevokeHook
@@ -440,6 +441,36 @@ def test_a_full_pool_refuses_a_peer_s_group_before_identifying_or_decoding_it() 
     assert node.service.swarm.watermarks.pending_count() == 2  # the two pooled groups, nothing else
     peer_rejected = "sapo_sampler_peer_groups_rejected_total"
     assert node.registry.get_sample_value(peer_rejected, {"peer": OTHER, "reason": "pool_full"}) is None
+
+
+def test_with_identity_a_lazy_sampler_pools_on_signed_facts_only() -> None:
+    """Facts the v2 signature covers are pooled on undecoded; a copy of peer-1's record with other facts
+    and the v2 signature stripped still verifies by v1, but its facts are set aside and its body
+    decoded: a duplicate of the group it copies, not a new group, nothing dead-lettered in peer-1's
+    name. An older signer's record (v1 alone) is decoded on arrival and taken."""
+    bus = MemoryBus()
+    peer = NodeKey.generate()
+    trust = TrustStore()
+    trust.add("peer-1", peer.public, "file")
+    node = Node(bus, trust, round_mode="async", local_groups=1, external_groups=2, verify="lazy")
+    publish(bus, TOPICS.rollouts, real_group(RECORDS[0], NODE))
+    signed, older = real_group(RECORDS[1], "peer-1"), real_group(RECORDS[2], "peer-1")
+    publish(bus, TOPICS.swarm_rollouts, signed, peer)
+    value, headers = encoded(signed, peer)
+    lie = wire.group_facts(signed)._replace(group_id="00000000-0000-4000-8000-000000000001")
+    copied = [
+        (k, wire.encode_facts(lie) if k == wire.H_FACTS else v) for k, v in headers if k != H_SIGNATURE_V2
+    ]
+    bus.append(TOPICS.swarm_rollouts, lie.group_id.encode(), value, copied)
+    value, headers = encoded(older, peer)
+    bus.append(
+        TOPICS.swarm_rollouts, older.group_id.encode(), value, [h for h in headers if h[0] != H_SIGNATURE_V2]
+    )
+    node.drain()
+    [batch] = node.batches()
+    assert sorted(bg.group.group_id for bg in batch.groups[1:]) == sorted([signed.group_id, older.group_id])
+    assert node.rejected("duplicate") == 1
+    assert TOPICS.dlq not in bus.topics or not bus.topics[TOPICS.dlq]
 
 
 def test_without_identity_a_node_header_that_names_nobody_is_refused_before_it_is_shed() -> None:
