@@ -21,7 +21,8 @@ complete version. Deletion removes the manifest (and state record) first. Durabi
 a policy version's files are not fsynced when it is published (that cost ~1 s per 135M version on
 the lock-step critical path); writing a full state fsyncs the version's files, the state and its
 record, so the state a trainer resumes from survives a host crash. A host crash can tear newer
-versions; their digests expose it, and a version whose manifest is unreadable is rewritten.
+versions; their digests expose it, and a replayed version whose manifest is unreadable, or whose local
+weight files no longer match it, is rewritten.
 
 A version number, once announced, always means the same weights. The trainer commits its input
 offsets only with a full state, so after a crash it resumes from the newest state and replays the
@@ -360,17 +361,22 @@ class CheckpointStore:
         return Published("written", Written((final / MANIFEST).uri(), sha256_hex(data), manifest, final))
 
     def _readable(self, node_id: str, version: int) -> Written | None:
-        """A stored version, or None after deleting one whose manifest is torn (a host crash)."""
+        """A stored version, or None after deleting one a host crash tore: its manifest unreadable, or
+        a local weight file that no longer matches it (`_torn`)."""
+        problem: str | None
         try:
-            return self.stored(node_id, version)
+            written = self.stored(node_id, version)
         except CheckpointError as exc:
             if exc.reason != "malformed":
                 raise
-            log.warning(
-                "version %d of %s has an unreadable manifest (%s): rewriting it", version, node_id, exc
-            )
-            storage.remove_tree(self.version_dir(node_id, version), first=(STATE_RECORD, MANIFEST))
-            return None
+            problem = f"an unreadable manifest ({exc})"
+        else:
+            problem = _torn(written)
+            if problem is None:
+                return written
+        log.warning("version %d of %s has %s: rewriting it", version, node_id, problem)
+        storage.remove_tree(self.version_dir(node_id, version), first=(STATE_RECORD, MANIFEST))
+        return None
 
     def save_state(self, node_id: str, version: int, produce: Callable[[Hashing], object]) -> bool:
         """Write a full trainer state beside stored version `version`; False if it already has one."""
@@ -439,6 +445,23 @@ class CheckpointStore:
 
 def _writer(tensors: Mapping[str, torch.Tensor]) -> Callable[[Hashing], None]:
     return lambda out: write_tensors(out, tensors)
+
+
+def _torn(written: Written) -> str | None:
+    """Why a local version's weight files do not match its manifest, or None. They were not fsynced
+    when published, so a host crash can lose them while the manifest survives; a replay compares its
+    weights with the manifest only, and the full state written next would fsync the torn files under
+    it. An object store's PUT is whole once it returns: nothing to read back there."""
+    if not written.directory.local:
+        return None
+    for entry in written.manifest.weights:
+        try:
+            storage.read_verified(written.directory, entry, written.manifest.digest, listed_in=MANIFEST)
+        except CheckpointError as exc:
+            if exc.reason not in ("digest_mismatch", "missing"):
+                raise
+            return f"a torn weight file ({exc})"
+    return None
 
 
 def _same_weights(

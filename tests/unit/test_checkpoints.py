@@ -455,3 +455,16 @@ def test_a_shard_that_takes_longer_than_the_read_timeout_to_arrive_slowly_still_
         manifest, directory = read_manifest(written.manifest_uri, written.manifest_sha256)
         assert torch.equal(load_weights(manifest, directory)["w"], tensor)
     assert time.monotonic() - started > 1.5  # it did arrive slowly
+
+
+def test_a_local_version_whose_weights_a_host_crash_tore_is_rewritten_not_verified(tmp_path: Path) -> None:
+    """Its manifest survived, its (unsynced) weights did not: the replay's weights match the manifest,
+    the files do not, and a full state written beside them would make them what a restart loads."""
+    store = CheckpointStore(tmp_path, shard_bytes=64)
+    written = store.publish("n1", 1, _state(0), base_model="tiny:0").written
+    assert written is not None and len(written.manifest.weights) > 1
+    shard = Path((written.directory / written.manifest.weights[-1].name).path)
+    shard.write_bytes(shard.read_bytes()[:-1])
+    again = store.publish("n1", 1, _state(0), base_model="tiny:0")
+    assert again.outcome == "written" and again.written is not None
+    assert load_weights(again.written.manifest, again.written.directory)["layer.weight"].shape == (4, 4)

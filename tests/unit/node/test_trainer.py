@@ -239,6 +239,45 @@ def test_a_crash_replays_from_the_full_state_and_verifies_the_versions_it_republ
     assert store.states("node-a") == [0, 3, 4]
 
 
+def test_a_version_torn_by_a_host_crash_is_rewritten_not_verified_and_resumed_from(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    questions: list[question_pb2.Question],
+    tmp_path: Path,
+) -> None:
+    """A policy version's files are not fsynced when it is published: a host crash can leave one whose
+    manifest survived and whose weights did not. The replay must not take it as verified (its digests
+    are those of the weights in memory) and write a full state beside it, fsyncing the torn file: every
+    later restart would fail on it, with the older states pruned."""
+    bus = MemoryBus()
+    for seq in range(4):
+        _publish(bus, _batch(model, tokenizer, questions[seq % 2], seq))
+    first, _ = _service(bus, tmp_path, state_every=3, keep_last=10)
+    first.start()
+    first.loop.open()
+    for _ in range(4):
+        first.loop.step(0)
+    store = first.trainer.store
+    assert store.versions("node-a") == [0, 1, 2, 3, 4] and store.states("node-a") == [0, 3]
+    torn = store.stored("node-a", 4)
+    shard = Path((torn.directory / torn.manifest.weights[0].name).path)
+    shard.write_bytes(b"\0" * shard.stat().st_size)  # the host crashed before its pages were written
+    del first
+
+    restarted, registry = _service(bus, tmp_path, state_every=3, keep_last=10)
+    restarted.start()
+    restarted.run(idle_timeout_s=0.0)  # replays version 4 and writes its full state on stopping
+    assert registry.get_sample_value("sapo_trainer_versions_published_total", {"outcome": "verified"}) == 0
+    assert registry.get_sample_value("sapo_trainer_versions_published_total", {"outcome": "written"}) == 1
+    assert store.states("node-a") == [0, 3, 4]
+    rewritten = store.stored("node-a", 4)
+    assert load_weights(rewritten.manifest, rewritten.directory)  # every shard matches its digest
+
+    again, _ = _service(bus, tmp_path, state_every=3, keep_last=10)
+    again.start()  # resumes from the state beside the rewritten version
+    assert again.trainer.version == 4
+
+
 def test_bad_batches_are_dead_lettered_and_training_goes_on(tmp_path: Path) -> None:
     bus = MemoryBus()
     bus.append(TOPICS.batches, b"junk", b"\xff\xff", [])
