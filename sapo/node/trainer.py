@@ -433,7 +433,10 @@ class TrainerService:
 
     def _announce_published(self, published: Published) -> None:
         written = published.written
-        if written is None or written.manifest.version <= self._announced:
+        # A version written at or below the announced one replaced a torn one (`sapo.checkpoints`): its
+        # manifest is new, and generators hold the announcement of the old one, which no longer loads.
+        rewritten = published.outcome == "written"
+        if written is None or (written.manifest.version <= self._announced and not rewritten):
             log.info("version %d %s, not announced again", self.trainer.version, published.outcome)
             return
         self._announce(written)

@@ -272,6 +272,9 @@ def test_a_version_torn_by_a_host_crash_is_rewritten_not_verified_and_resumed_fr
     assert store.states("node-a") == [0, 3, 4]
     rewritten = store.stored("node-a", 4)
     assert load_weights(rewritten.manifest, rewritten.directory)  # every shard matches its digest
+    # Generators hold the start's announcement of version 4, whose manifest the rewrite replaced.
+    announced = [(u.version, u.manifest_sha256) for u in _updates(bus)][-2:]
+    assert announced == [(4, torn.manifest_sha256), (4, rewritten.manifest_sha256)]
 
     again, _ = _service(bus, tmp_path, state_every=3, keep_last=10)
     again.start()  # resumes from the state beside the rewritten version
