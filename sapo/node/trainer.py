@@ -12,8 +12,8 @@ Delivery semantics (docs/architecture.md, Delivery; the training side is in `sap
   offsets (`on_assign`), not at the possibly older committed ones, so nothing is trained twice or
   skipped, and the replayed versions are verified against the published ones (`sapo.checkpoints`).
 - On start: resume from the newest full state, or write version 0 (the initial weights) with a
-  state; then announce the newest stored version, so a (re)starting generator never goes back to an
-  older one while the trainer replays.
+  state; then announce the newest stored version that reads, so a (re)starting generator never goes
+  back to an older one while the trainer replays.
 - One trainer replica per node: it owns the node's checkpoint directory and its policy versions.
 """
 
@@ -29,7 +29,7 @@ from typing import Self
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from sapo.checkpoints import Published, Written
+from sapo.checkpoints import CheckpointError, Published, Written
 from sapo.cpugate import Gate, NoGate
 from sapo.kafka import (
     ConsumerClient,
@@ -250,7 +250,7 @@ class TrainerService:
         if resumed:  # before the announcement: nothing new can be on the batch topic yet
             self._restart_recreated_partitions()
         self._published = self.trainer.version
-        newest = self.trainer.store.latest(self.settings.node_id) if resumed else None
+        newest = self._newest_readable() if resumed else None
         ahead = newest is not None and newest.manifest.version > self.trainer.version
         self._announce(newest if ahead and newest is not None else written)
         self.metrics.policy_version.set(self.trainer.version)
@@ -258,6 +258,19 @@ class TrainerService:
         self.health.set("model_loaded", True)
         self.health.set_max_silence(self.settings.idle_max_silence_s)
         self.health.beat()
+
+    def _newest_readable(self) -> Written | None:
+        """The newest stored version whose manifest reads. A host crash can tear a newer one's (it was
+        not fsynced): failing on it would fail every start, and the replay writes it again."""
+        store, node = self.trainer.store, self.settings.node_id
+        for version in reversed(store.versions(node)):
+            try:
+                return store.stored(node, version)
+            except CheckpointError as exc:
+                if exc.reason != "malformed":
+                    raise
+                log.warning("version %d has an unreadable manifest (%s): not announced", version, exc)
+        return None
 
     def run(self, *, until: Callable[[], bool] | None = None, idle_timeout_s: float | None = None) -> None:
         """Consume until stopped (SIGTERM; or `until()`, or idle for `idle_timeout_s`: tests), then

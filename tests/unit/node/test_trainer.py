@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from s3fs.errors import translate_boto_error
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from sapo.checkpoints import load_weights, read_manifest
+from sapo.checkpoints import MANIFEST, load_weights, read_manifest
 from sapo.kafka import DeadLetters, TransportMetrics
 from sapo.kafka.memory import MemoryBus, MemoryConsumerClient, MemoryPublisher
 from sapo.lifecycle import StopFlag
@@ -279,6 +279,35 @@ def test_a_version_torn_by_a_host_crash_is_rewritten_not_verified_and_resumed_fr
     again, _ = _service(bus, tmp_path, state_every=3, keep_last=10)
     again.start()  # resumes from the state beside the rewritten version
     assert again.trainer.version == 4
+
+
+def test_a_restart_after_a_host_crash_tore_the_newest_manifest_announces_the_newest_readable_one(
+    tmp_path: Path,
+) -> None:
+    """The newest version's (unsynced) manifest is garbage after a host crash: the restart announces the
+    newest version that reads, instead of failing on the torn one at every start, and the replay writes
+    the torn one again and announces it."""
+    bus = MemoryBus()
+    for seq in range(4):
+        _publish(bus, b.training_batch(seq, []))
+    first, _ = _service(bus, tmp_path, state_every=3, keep_last=10)
+    first.start()
+    first.loop.open()
+    for _ in range(4):
+        first.loop.step(0)
+    store = first.trainer.store
+    assert store.versions("node-a") == [0, 1, 2, 3, 4] and store.states("node-a") == [0, 3]
+    Path((store.version_dir("node-a", 4) / MANIFEST).path).write_bytes(b"\0" * 100)
+    del first
+
+    restarted, _ = _service(bus, tmp_path, state_every=3, keep_last=10)
+    restarted.start()
+    assert [u.version for u in _updates(bus)][-1] == 3
+    restarted.run(idle_timeout_s=0.0)
+    rewritten = store.stored("node-a", 4)
+    last = _updates(bus)[-1]
+    assert (last.version, last.manifest_sha256) == (4, rewritten.manifest_sha256)
+    assert store.states("node-a") == [0, 3, 4]
 
 
 def test_bad_batches_are_dead_lettered_and_training_goes_on(tmp_path: Path) -> None:
