@@ -5,8 +5,10 @@ case). Such a failure stops the trainer (it must not go on with half-updated wei
 reads the same batch again: without a limit the node would crash on it forever. So before each step
 the trainer writes an *attempt record* beside its checkpoints (`<store>/<node>/attempt.json`: batch
 id and sequence, attempts so far, the last error), and a step that fails in-process records its error
-there before the process stops. It survives what kills the process outright (the kernel's OOM
-killer, SIGKILL). A restart replays the batches since the last full state before it reaches the
+there before the process stops; a step that succeeds rewrites it as `stepped` (no failed attempts).
+It survives what kills the process outright (the kernel's OOM killer, SIGKILL): a death during the
+step counts as an attempt, one after it does not, however many restarts replay the batch before a
+full state covers it. A restart replays the batches since the last full state before it reaches the
 failing one again: a batch of a lower sequence than the record's was stepped past before, so its
 replay leaves the record alone, and the failing batch's next attempt is counted on top of the last.
 
@@ -15,12 +17,12 @@ again: it is dead-lettered with reason `poison_batch` and the last error, counte
 (`sapo_trainer_batches_total{outcome="quarantined"}`, alerted on by `SapoTrainerPoisonBatch`), and the
 version advances without training (`Trainer.skip`), so lock-step generators still get their round's
 version. One record per node is enough: batches are trained in sequence order, one at a time, and the
-next batch's first attempt overwrites it (one small write per step).
+next batch's first attempt overwrites it (two small writes per step).
 
 What fails after a successful step is not the batch's fault: when the checkpoint store refuses the
 version or state that follows (full, read-only, unreachable), the trainer stops too, and each restart
-replays the same batch. Before it stops it rewrites the record as `stepped` (no failed attempts), so
-the store's outage, however many restarts it lasts, never quarantines a batch that trains.
+replays the same batch. Its record says `stepped`, so the store's outage, however many restarts it
+lasts, never quarantines a batch that trains.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ from sapo.node.lease import LEASE_REASONS, Lease, node_lease
 from sapo.node.metrics import TrainerMetrics
 from sapo.node.peers import PeerLabels
 from sapo.node.planner import WorkPlanner
-from sapo.node.quarantine import Attempt, AttemptLog, is_poison, next_attempt, stepped
+from sapo.node.quarantine import AttemptLog, is_poison, next_attempt, stepped
 from sapo.ops import Health
 from sapo.runtime import Runtime
 from sapo.settings import ConfigError, env_prefix
@@ -168,7 +168,6 @@ class TrainerService:
         self._published = -1
         self._stored = True  # whether the published version is in the store (a full state needs it)
         self._last_report: StepReport | None = None
-        self._stepped: Attempt | None = None  # the attempt record of this process's last successful step
         self._batch_epoch = 0  # the highest sampler epoch seen: a lower one is a fenced sampler's
         epoch = lease.epoch if lease is not None else 0
         self.planner = WorkPlanner(
@@ -345,7 +344,8 @@ class TrainerService:
 
     def _step(self, record: Record, batch: batch_pb2.TrainingBatch) -> StepReport:
         """Train on the batch, or quarantine it when its step already failed `max_step_attempts` times
-        (`sapo.node.quarantine`). A failing step records its error and stops the service."""
+        (`sapo.node.quarantine`). A failing step records its error and stops the service; a step that
+        succeeds is marked so, or kills before a full state covers the batch would count against it."""
         previous = self.attempts.read()
         if is_poison(previous, batch.batch_id, self.settings.max_step_attempts):
             assert previous is not None
@@ -367,7 +367,8 @@ class TrainerService:
                 "step of batch %s failed (attempt %s)", batch.batch_id, attempt and attempt.attempts
             )
             raise
-        self._stepped = attempt
+        if attempt is not None:
+            self.attempts.write(stepped(attempt))
         return report
 
     @contextlib.contextmanager
@@ -421,9 +422,8 @@ class TrainerService:
     def _store_write(self) -> Iterator[None]:
         """A store that refuses a write (full, read-only, unreachable) stops the service, as a failed
         step does: the restart resumes from the last full state once the store takes writes again. The
-        batch whose step succeeded is marked so (`quarantine.stepped`), or restarts failing on the
-        store would quarantine it as poison. Marking is best effort: a full store may refuse that small
-        write too, and the store's error is what the service reports."""
+        batch whose step succeeded was marked so (`quarantine.stepped`, by `_step`): restarts failing
+        on the store do not quarantine it as poison."""
         try:
             yield
         except Exception as exc:
@@ -437,11 +437,6 @@ class TrainerService:
                 exc,
                 env_prefix(self.settings),
             )
-            if self._stepped is not None:
-                try:
-                    self.attempts.write(stepped(self._stepped))
-                except Exception as marking:
-                    log.warning("could not mark batch %s as stepped: %s", self._stepped.batch_id, marking)
             raise
 
     def _announce_published(self, published: Published) -> None:

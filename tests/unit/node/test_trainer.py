@@ -384,6 +384,30 @@ def test_a_batch_with_a_wild_sequence_is_refused_so_the_node_keeps_training(tmp_
     assert registry.get_sample_value("sapo_trainer_sequence_gaps_total") == 9_999  # the largest gap allowed
 
 
+def test_kills_after_a_batch_trained_never_quarantine_it(tmp_path: Path) -> None:
+    """The trainer is killed (SIGKILL, a node lost) after batch 1 trained, before a full state covers
+    it, more times than `max_step_attempts`: each restart replays batch 1 and trains it again. Its
+    steps succeeded every time, so it is no poison batch: it is trained, not dead-lettered."""
+    bus = MemoryBus()
+    for seq in range(2):
+        _publish(bus, b.training_batch(seq, []))
+    for _ in range(3):
+        killed, _ = _service(bus, tmp_path, max_step_attempts=2)
+        killed.start()
+        killed.loop.open()
+        killed.loop.step(0)
+        killed.loop.step(0)  # versions 1 and 2 published; the full state is still version 0's
+        assert killed.trainer.version == 2 and killed.trainer.store.states("node-a") == [0]
+        del killed
+
+    restarted, registry = _service(bus, tmp_path, max_step_attempts=2)
+    restarted.start()
+    restarted.run(idle_timeout_s=0.0)
+    assert registry.get_sample_value("sapo_trainer_batches_total", {"outcome": "quarantined"}) == 0
+    assert bus.topics.get(TOPICS.dlq, []) == []
+    assert [e.batch_id for e in restarted.trainer.state.ledger] == ["node-a/0", "node-a/1"]
+
+
 def test_a_quarantined_batch_is_counted_once_and_times_no_step() -> None:
     from sapo.trainer import BuiltBatch, StepReport
 
