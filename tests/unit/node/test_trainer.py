@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from s3fs.errors import translate_boto_error
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from sapo.checkpoints import MANIFEST, load_weights, read_manifest
+from sapo.checkpoints import MANIFEST, CheckpointStore, load_weights, read_manifest
 from sapo.kafka import DeadLetters, TransportMetrics
 from sapo.kafka.memory import MemoryBus, MemoryConsumerClient, MemoryPublisher
 from sapo.lifecycle import StopFlag
@@ -204,6 +204,19 @@ def test_weights_are_published_every_k_and_offsets_committed_only_with_the_full_
     assert registry.get_sample_value("sapo_trainer_state_seconds_count") == 2  # version 0's came first
 
 
+def _four_steps_then_killed(bus: MemoryBus, tmp_path: Path) -> CheckpointStore:
+    """A trainer (a full state every 3 versions) steps the 4 batches on `bus` and is dropped as a
+    SIGKILL drops it: version 4 published, its state never written, offset 3 committed."""
+    first, _ = _service(bus, tmp_path, state_every=3, keep_last=10)
+    first.start()
+    first.loop.open()
+    for _ in range(4):
+        first.loop.step(0)
+    store = first.trainer.store
+    assert store.versions("node-a") == [0, 1, 2, 3, 4] and store.states("node-a") == [0, 3]
+    return store
+
+
 def test_a_crash_replays_from_the_full_state_and_verifies_the_versions_it_republishes(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -213,15 +226,8 @@ def test_a_crash_replays_from_the_full_state_and_verifies_the_versions_it_republ
     bus = MemoryBus()
     for seq in range(4):
         _publish(bus, _batch(model, tokenizer, questions[seq % 2], seq))
-    first, _ = _service(bus, tmp_path, state_every=3, keep_last=10)
-    first.start()
-    first.loop.open()
-    for _ in range(4):
-        first.loop.step(0)
-    store = first.trainer.store
-    assert store.versions("node-a") == [0, 1, 2, 3, 4] and store.states("node-a") == [0, 3]
+    store = _four_steps_then_killed(bus, tmp_path)
     published = store.stored("node-a", 4)
-    del first  # killed: version 4 was published, its state never written, offset 3 committed
 
     restarted, registry = _service(bus, tmp_path, state_every=3, keep_last=10)
     restarted.start()
@@ -252,17 +258,10 @@ def test_a_version_torn_by_a_host_crash_is_rewritten_not_verified_and_resumed_fr
     bus = MemoryBus()
     for seq in range(4):
         _publish(bus, _batch(model, tokenizer, questions[seq % 2], seq))
-    first, _ = _service(bus, tmp_path, state_every=3, keep_last=10)
-    first.start()
-    first.loop.open()
-    for _ in range(4):
-        first.loop.step(0)
-    store = first.trainer.store
-    assert store.versions("node-a") == [0, 1, 2, 3, 4] and store.states("node-a") == [0, 3]
+    store = _four_steps_then_killed(bus, tmp_path)
     torn = store.stored("node-a", 4)
     shard = Path((torn.directory / torn.manifest.weights[0].name).path)
     shard.write_bytes(b"\0" * shard.stat().st_size)  # the host crashed before its pages were written
-    del first
 
     restarted, registry = _service(bus, tmp_path, state_every=3, keep_last=10)
     restarted.start()
@@ -290,15 +289,8 @@ def test_a_restart_after_a_host_crash_tore_the_newest_manifest_announces_the_new
     bus = MemoryBus()
     for seq in range(4):
         _publish(bus, b.training_batch(seq, []))
-    first, _ = _service(bus, tmp_path, state_every=3, keep_last=10)
-    first.start()
-    first.loop.open()
-    for _ in range(4):
-        first.loop.step(0)
-    store = first.trainer.store
-    assert store.versions("node-a") == [0, 1, 2, 3, 4] and store.states("node-a") == [0, 3]
+    store = _four_steps_then_killed(bus, tmp_path)
     Path((store.version_dir("node-a", 4) / MANIFEST).path).write_bytes(b"\0" * 100)
-    del first
 
     restarted, _ = _service(bus, tmp_path, state_every=3, keep_last=10)
     restarted.start()
