@@ -302,6 +302,18 @@ class CheckpointStore:
         versions = self.versions(node_id)
         return self.stored(node_id, versions[-1]) if versions else None
 
+    def latest_readable(self, node_id: str) -> Written | None:
+        """The newest stored version whose manifest reads: a host crash can tear a newer one's (not
+        fsynced), which a replay writes again (`_readable`)."""
+        for version in reversed(self.versions(node_id)):
+            try:
+                return self.stored(node_id, version)
+            except CheckpointError as exc:
+                if exc.reason != "malformed":
+                    raise
+                log.warning("version %d of %s has an unreadable manifest (%s)", version, node_id, exc)
+        return None
+
     # --- writing ---------------------------------------------------------------------------------------
 
     def publish(

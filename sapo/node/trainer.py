@@ -29,7 +29,7 @@ from typing import Self
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from sapo.checkpoints import CheckpointError, Published, Written
+from sapo.checkpoints import Published, Written
 from sapo.cpugate import Gate, NoGate
 from sapo.kafka import (
     ConsumerClient,
@@ -249,7 +249,9 @@ class TrainerService:
         if resumed:  # before the announcement: nothing new can be on the batch topic yet
             self._restart_recreated_partitions()
         self._published = self.trainer.version
-        newest = self._newest_readable() if resumed else None
+        # Not the newest stored one: a host crash may have torn its manifest, and failing on it would
+        # fail every start (the replay writes it again).
+        newest = self.trainer.store.latest_readable(self.settings.node_id) if resumed else None
         ahead = newest is not None and newest.manifest.version > self.trainer.version
         self._announce(newest if ahead and newest is not None else written)
         self.metrics.policy_version.set(self.trainer.version)
@@ -257,19 +259,6 @@ class TrainerService:
         self.health.set("model_loaded", True)
         self.health.set_max_silence(self.settings.idle_max_silence_s)
         self.health.beat()
-
-    def _newest_readable(self) -> Written | None:
-        """The newest stored version whose manifest reads. A host crash can tear a newer one's (it was
-        not fsynced): failing on it would fail every start, and the replay writes it again."""
-        store, node = self.trainer.store, self.settings.node_id
-        for version in reversed(store.versions(node)):
-            try:
-                return store.stored(node, version)
-            except CheckpointError as exc:
-                if exc.reason != "malformed":
-                    raise
-                log.warning("version %d has an unreadable manifest (%s): not announced", version, exc)
-        return None
 
     def run(self, *, until: Callable[[], bool] | None = None, idle_timeout_s: float | None = None) -> None:
         """Consume until stopped (SIGTERM; or `until()`, or idle for `idle_timeout_s`: tests), then
